@@ -1,0 +1,268 @@
+"""The HTB datapath: makes one interface's egress match a DatapathSpec.
+
+`apply` is level-triggered: read what the kernel has, plan (pure), send the minimal diff in one
+batch. `rotate` is the hot path for band changes: it diffs against what we last wrote and
+sends only class changes; the next `apply` would repair anything that drifted meanwhile.
+"""
+
+from __future__ import annotations
+
+import errno
+import struct
+from dataclasses import dataclass, replace
+from typing import Any
+
+from tensorlights.datapath import tc_messages as tcm
+from tensorlights.datapath.netlink import (
+    NLMSG_HDR,
+    RTM_GETQDISC,
+    RTM_GETTCLASS,
+    RTM_GETTFILTER,
+    Request,
+    RtnlSocket,
+)
+from tensorlights.datapath.root_record import RootQdiscRecords
+from tensorlights.errors import (
+    ForeignQdiscError,
+    InterfaceNotFoundError,
+    NetlinkRequestError,
+)
+from tensorlights.model import DatapathSpec, PreviousRootQdisc
+from tensorlights.policy.tc_plan import (
+    DEFAULT_MAJOR,
+    ActualState,
+    DeleteClass,
+    DeleteFilter,
+    DesiredLayout,
+    HtbTuning,
+    PutClass,
+    PutFilter,
+    TcOp,
+    desired_layout,
+    diff,
+    minors_in_use,
+)
+
+ETH_HEADER = 14
+_TCMSG_SIZE = 20
+
+
+@dataclass(frozen=True)
+class LinkInfo:
+    ifindex: int
+    mtu: int
+    up: bool
+
+
+@dataclass(frozen=True)
+class ApplyResult:
+    ops: tuple[TcOp, ...]
+    took_over: PreviousRootQdisc | None  # the root qdisc we replaced on this pass, if any
+    job_minor: dict[str, int]
+
+
+class HtbDatapath:
+    kind = "htb"
+
+    def __init__(
+        self,
+        sock: RtnlSocket,
+        records: RootQdiscRecords,
+        *,
+        major: int = DEFAULT_MAJOR,
+        tuning: HtbTuning | None = None,
+        take_over_foreign: bool = False,
+    ) -> None:
+        self.sock = sock
+        self.records = records
+        self.major = major
+        self.tuning = tuning
+        self.take_over_foreign = take_over_foreign
+        self._written: tuple[int, DesiredLayout] | None = None  # (ifindex, layout) last applied
+
+    # Reading --------------------------------------------------------------------------
+
+    def link(self, interface: str) -> LinkInfo:
+        msg = self.sock.link(interface)
+        if msg is None:
+            where = f" in network namespace {self.sock.netns}" if self.sock.netns else ""
+            raise InterfaceNotFoundError(f"interface {interface!r} does not exist{where}")
+        return LinkInfo(
+            ifindex=msg["index"],
+            mtu=msg.get_attr("IFLA_MTU") or 1500,
+            up=bool(msg["flags"] & 1),
+        )
+
+    def _root_qdisc(self, ifindex: int) -> tuple[Any | None, bytes | None]:
+        for raw in self.sock.dump(RTM_GETQDISC, struct.pack("=BxxxiIII", 0, ifindex, 0, 0, 0)):
+            msg = tcm_decode(raw)
+            if msg["index"] == ifindex and msg["parent"] == tcm.TC_H_ROOT:
+                return msg, raw
+        return None, None
+
+    def read_actual(self, ifindex: int) -> ActualState:
+        root, _ = self._root_qdisc(ifindex)
+        if root is None:
+            return ActualState(root_kind=None, root_handle=0, default_minor=None)
+        kind = root.get_attr("TCA_KIND")
+        root_handle = root["handle"]
+        if not self._is_ours(kind, root_handle):
+            return ActualState(root_kind=kind, root_handle=root_handle, default_minor=None)
+        options = root.get_attr("TCA_OPTIONS")
+        glob = options.get_attr("TCA_HTB_INIT") if options else None
+        our_qdisc = tcm.handle(self.major, 0)
+        classes = {}
+        for msg in self.sock.dump_tc(RTM_GETTCLASS, ifindex):
+            if msg["handle"] >> 16 != self.major:
+                continue
+            cls = tcm.decode_htb_class(msg)
+            if cls is not None:
+                classes[cls.minor] = cls
+        filters = []
+        request = struct.pack("=BxxxiIII", 0, ifindex, 0, our_qdisc, 0)
+        for raw in self.sock.dump(RTM_GETTFILTER, request):
+            installed = tcm.decode_port_filter(raw)
+            if installed is not None:
+                filters.append(installed)
+        return ActualState(
+            root_kind=kind,
+            root_handle=root_handle,
+            default_minor=glob["defcls"] if glob else None,
+            classes=classes,
+            filters=tuple(filters),
+        )
+
+    def _is_ours(self, kind: str | None, root_handle: int) -> bool:
+        return kind == "htb" and root_handle == tcm.handle(self.major, 0)
+
+    # Writing --------------------------------------------------------------------------
+
+    def apply(self, spec: DatapathSpec) -> ApplyResult:
+        link = self.link(spec.interface)
+        actual = self.read_actual(link.ifindex)
+        took_over = None
+        if not self._is_ours(actual.root_kind, actual.root_handle):
+            took_over = self._install_root(spec.interface, link.ifindex, actual)
+            actual = self.read_actual(link.ifindex)
+        tuning = self.tuning or HtbTuning(mtu=link.mtu + ETH_HEADER)
+        layout = desired_layout(spec, tuning, self.major, minors_in_use(spec, actual))
+        ops = diff(actual, layout)
+        if actual.default_minor != layout.default_minor:
+            # Our qdisc, but someone changed its default class: only a replace fixes that.
+            self.sock.execute(
+                [tcm.add_htb_root(link.ifindex, self.major, layout.default_minor, replace=True)]
+            )
+        self._written = None
+        self.sock.execute([self._encode(link.ifindex, op) for op in ops])
+        self._written = (link.ifindex, layout)
+        return ApplyResult(tuple(ops), took_over, dict(layout.job_minor))
+
+    def rotate(self, spec: DatapathSpec) -> ApplyResult:
+        """Band changes only, against what we last wrote: one batch of class changes.
+        Falls back to a full `apply` when jobs or ports changed or nothing is cached."""
+        if self._written is None:
+            return self.apply(spec)
+        ifindex, layout = self._written
+        if set(layout.job_minor) != {j.job for j in spec.jobs} or any(
+            layout.filters.get((family, port)) != layout.job_minor[job.job]
+            for job in spec.jobs
+            for port in job.ports
+            for family in tcm.ETH_PROTO
+        ) or len(layout.filters) != 2 * sum(len(j.ports) for j in spec.jobs):
+            return self.apply(spec)
+        classes = dict(layout.classes)
+        ops: list[TcOp] = []
+        for job in spec.jobs:
+            minor = layout.job_minor[job.job]
+            if classes[minor].prio != job.band:
+                classes[minor] = replace(classes[minor], prio=job.band)
+                ops.append(PutClass(classes[minor], create=False))
+        self._written = None
+        try:
+            self.sock.execute([self._encode(ifindex, op) for op in ops])
+        except NetlinkRequestError as exc:
+            if exc.errno in (errno.ENOENT, errno.ENODEV, errno.EINVAL):
+                return self.apply(spec)  # state drifted under us: reconcile fully
+            raise
+        self._written = (ifindex, replace(layout, classes=classes))
+        return ApplyResult(tuple(ops), None, dict(layout.job_minor))
+
+    def _install_root(self, interface: str, ifindex: int, actual: ActualState) -> PreviousRootQdisc:
+        root, raw = self._root_qdisc(ifindex)
+        is_default = actual.root_handle == 0
+        if not is_default and not self.take_over_foreign:
+            raise ForeignQdiscError(
+                f"{interface} already has a root qdisc {actual.root_kind} "
+                f"{tcm.format_handle(actual.root_handle)} that TensorLights did not install. "
+                "Remove it, or allow the takeover (take_over_foreign_qdisc = true / "
+                "--take-over-foreign-qdisc); cleanup will restore it."
+            )
+        options = _raw_attr(raw, tcm.TCA_OPTIONS) if raw is not None and not is_default else b""
+        previous = PreviousRootQdisc(
+            kind=actual.root_kind or "none",
+            handle=actual.root_handle,
+            is_default=is_default,
+            options=options,
+        )
+        if self.records.load(interface) is None:
+            # Keep the oldest record: after a crash mid-install the root may already be ours.
+            self.records.save(interface, previous)
+        self.sock.execute([tcm.add_htb_root(ifindex, self.major, 0x2, replace=True)])
+        return previous
+
+    def _encode(self, ifindex: int, op: TcOp) -> Request:
+        match op:
+            case PutClass(cls, create):
+                return tcm.put_htb_class(ifindex, self.major, cls, create)
+            case PutFilter(family, port, target, handle_, create):
+                return tcm.put_port_filter(
+                    ifindex, self.major, family, port, target, handle_, create
+                )
+            case DeleteFilter(family, handle_):
+                return tcm.delete_filter(ifindex, self.major, family, handle_)
+            case DeleteClass(minor):
+                return tcm.delete_htb_class(ifindex, self.major, minor)
+        raise AssertionError(f"unknown op {op!r}")
+
+    # Cleanup --------------------------------------------------------------------------
+
+    def cleanup(self, interface: str) -> str:
+        """Remove our qdisc and put back what was there before. Returns what was done."""
+        self._written = None
+        link = self.link(interface)
+        root, _ = self._root_qdisc(link.ifindex)
+        record = self.records.load(interface)
+        if root is None or not self._is_ours(root.get_attr("TCA_KIND"), root["handle"]):
+            self.records.forget(interface)
+            return f"{interface}: no TensorLights qdisc; nothing to do"
+        if record is not None and not record.is_default:
+            self.sock.execute(
+                [tcm.add_root_qdisc_raw(link.ifindex, record.kind, record.handle, record.options)]
+            )
+            done = f"{interface}: restored {record.kind} {tcm.format_handle(record.handle)}"
+        else:
+            self.sock.execute([tcm.delete_root_qdisc(link.ifindex, tcm.handle(self.major, 0))])
+            done = f"{interface}: removed TensorLights qdisc; kernel default root qdisc back"
+        self.records.forget(interface)
+        return done
+
+
+def tcm_decode(raw: bytes) -> Any:
+    from pyroute2.netlink.rtnl.tcmsg import tcmsg
+
+    msg = tcmsg(raw)
+    msg.decode()
+    return msg
+
+
+def _raw_attr(raw: bytes, attr_type: int) -> bytes:
+    """Payload of a top-level attribute of a raw tc message (nested flag ignored)."""
+    offset = NLMSG_HDR.size + _TCMSG_SIZE
+    while offset + 4 <= len(raw):
+        length, kind = struct.unpack_from("=HH", raw, offset)
+        if length < 4:
+            break
+        if kind & 0x3FFF == attr_type:
+            return raw[offset + 4 : offset + length]
+        offset += (length + 3) & ~3
+    return b""

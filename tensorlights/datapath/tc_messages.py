@@ -1,0 +1,250 @@
+"""Encoding of the tc requests we send and decoding of the dumps we read.
+
+Layouts follow include/uapi/linux/{rtnetlink,pkt_sched,pkt_cls}.h. Every request is a
+`Request` for RtnlSocket.execute(); decoding takes pyroute2's decoded tcmsg objects.
+"""
+
+from __future__ import annotations
+
+import socket
+import struct
+from typing import Any
+
+from tensorlights.datapath.netlink import Request
+from tensorlights.policy.tc_plan import (
+    FILTER_PRIO,
+    MAX_FILTER_NODE,
+    Family,
+    HtbClass,
+    InstalledFilter,
+)
+
+RTM_NEWQDISC, RTM_DELQDISC = 36, 37
+RTM_NEWTCLASS, RTM_DELTCLASS = 40, 41
+RTM_NEWTFILTER, RTM_DELTFILTER = 44, 45
+NLM_F_REPLACE, NLM_F_EXCL, NLM_F_CREATE = 0x100, 0x200, 0x400
+TC_H_ROOT = 0xFFFFFFFF
+TCA_KIND, TCA_OPTIONS = 1, 2
+TCA_HTB_PARMS, TCA_HTB_INIT, TCA_HTB_RATE64, TCA_HTB_CEIL64 = 1, 2, 6, 7
+TCA_U32_CLASSID, TCA_U32_SEL = 1, 5
+TC_U32_TERMINAL = 1
+ETH_P_IP, ETH_P_IPV6 = 0x0800, 0x86DD
+IPPROTO_TCP = 6
+HTB_VERSION = 3
+U32_MAX = 0xFFFFFFFF
+NLMSG_HEADER_SIZE = 16
+
+_TCMSG = struct.Struct("=BxxxiIII")
+_RATESPEC = struct.Struct("=BBHhHI")
+_HTB_GLOB = struct.Struct("=IIIII")
+_U32_SEL = struct.Struct("=BBBxHHhhI")  # offmask is big-endian on the wire; we send 0
+_U32_KEY_MATCH = struct.Struct(">II")  # mask and value are big-endian
+_U32_KEY_OFFSETS = struct.Struct("=ii")  # offsets are host order
+
+ETH_PROTO: dict[Family, int] = {Family.IPV4: ETH_P_IP, Family.IPV6: ETH_P_IPV6}
+# (offset of the 32-bit word, mask, value) matching TCP, then the offset of the source port.
+# Without IPv4 options / IPv6 extension headers, as tc's `match ip sport` assumes.
+_TCP_MATCH: dict[Family, tuple[int, int, int]] = {
+    Family.IPV4: (8, 0x00FF0000, IPPROTO_TCP << 16),
+    Family.IPV6: (4, 0x0000FF00, IPPROTO_TCP << 8),
+}
+_SPORT_OFFSET: dict[Family, int] = {Family.IPV4: 20, Family.IPV6: 40}
+
+
+def handle(major: int, minor: int) -> int:
+    return ((major & 0xFFFF) << 16) | (minor & 0xFFFF)
+
+
+def format_handle(value: int) -> str:
+    return f"{value >> 16:x}:{value & 0xFFFF:x}"
+
+
+def _nla(nla_type: int, payload: bytes) -> bytes:
+    length = 4 + len(payload)
+    return struct.pack("=HH", length, nla_type) + payload + b"\0" * ((-length) % 4)
+
+
+def _nested(nla_type: int, *children: bytes) -> bytes:
+    return _nla(nla_type | 0x8000, b"".join(children))  # NLA_F_NESTED
+
+
+def _kind(name: str) -> bytes:
+    return _nla(TCA_KIND, name.encode() + b"\0")
+
+
+def _tcmsg(ifindex: int, handle_: int, parent: int, info: int = 0) -> bytes:
+    return _TCMSG.pack(socket.AF_UNSPEC, ifindex, handle_, parent, info)
+
+
+# Qdiscs -----------------------------------------------------------------------------------
+
+
+def add_htb_root(ifindex: int, major: int, default_minor: int, replace: bool) -> Request:
+    glob = _HTB_GLOB.pack(HTB_VERSION, 10, default_minor, 0, 0)
+    payload = _tcmsg(ifindex, handle(major, 0), TC_H_ROOT)
+    payload += _kind("htb") + _nested(TCA_OPTIONS, _nla(TCA_HTB_INIT, glob))
+    flags = NLM_F_CREATE | (NLM_F_REPLACE if replace else NLM_F_EXCL)
+    verb = "replace" if replace else "add"
+    return Request(RTM_NEWQDISC, flags, payload, f"{verb} htb root qdisc {major:x}: on #{ifindex}")
+
+
+def add_root_qdisc_raw(ifindex: int, kind: str, handle_: int, options: bytes) -> Request:
+    """Re-create a recorded root qdisc (kind + its TCA_OPTIONS payload verbatim)."""
+    payload = _tcmsg(ifindex, handle_, TC_H_ROOT) + _kind(kind)
+    if options:
+        payload += _nla(TCA_OPTIONS, options)
+    flags = NLM_F_CREATE | NLM_F_REPLACE
+    return Request(RTM_NEWQDISC, flags, payload, f"restore {kind} root qdisc on #{ifindex}")
+
+
+def delete_root_qdisc(ifindex: int, handle_: int) -> Request:
+    payload = _tcmsg(ifindex, handle_, TC_H_ROOT)
+    what = f"delete root qdisc {format_handle(handle_)} on #{ifindex}"
+    return Request(RTM_DELQDISC, 0, payload, what)
+
+
+# HTB classes ------------------------------------------------------------------------------
+
+
+def put_htb_class(ifindex: int, major: int, cls: HtbClass, create: bool) -> Request:
+    rate32 = min(cls.rate, U32_MAX)
+    ceil32 = min(cls.ceil, U32_MAX)
+    parms = (
+        _RATESPEC.pack(0, 0, 0, 0, 0, rate32)
+        + _RATESPEC.pack(0, 0, 0, 0, 0, ceil32)
+        + struct.pack("=IIIII", cls.buffer, cls.cbuffer, cls.quantum, 0, cls.prio)
+    )
+    options = [_nla(TCA_HTB_PARMS, parms)]
+    if cls.rate >= U32_MAX:
+        options.append(_nla(TCA_HTB_RATE64, struct.pack("=Q", cls.rate)))
+    if cls.ceil >= U32_MAX:
+        options.append(_nla(TCA_HTB_CEIL64, struct.pack("=Q", cls.ceil)))
+    parent = handle(major, cls.parent_minor)
+    payload = _tcmsg(ifindex, handle(major, cls.minor), parent)
+    payload += _kind("htb") + _nested(TCA_OPTIONS, *options)
+    flags = NLM_F_CREATE | NLM_F_EXCL if create else NLM_F_REPLACE
+    verb = "add" if create else "change"
+    what = f"{verb} htb class {major:x}:{cls.minor:x} (prio {cls.prio}) on #{ifindex}"
+    return Request(RTM_NEWTCLASS, flags, payload, what)
+
+
+def delete_htb_class(ifindex: int, major: int, minor: int) -> Request:
+    payload = _tcmsg(ifindex, handle(major, minor), handle(major, 0))
+    what = f"delete htb class {major:x}:{minor:x} on #{ifindex}"
+    return Request(RTM_DELTCLASS, 0, payload, what)
+
+
+# u32 filters ------------------------------------------------------------------------------
+
+
+def _filter_info(family: Family) -> int:
+    return (FILTER_PRIO[family] << 16) | socket.htons(ETH_PROTO[family])
+
+
+def _sport_selector(family: Family, port: int) -> bytes:
+    proto_off, proto_mask, proto_val = _TCP_MATCH[family]
+    keys = [
+        (proto_mask, proto_val, proto_off),
+        (0xFFFF0000, port << 16, _SPORT_OFFSET[family]),
+    ]
+    sel = _U32_SEL.pack(TC_U32_TERMINAL, 0, len(keys), 0, 0, 0, 0, 0)
+    return sel + b"".join(
+        _U32_KEY_MATCH.pack(mask, val) + _U32_KEY_OFFSETS.pack(off, 0) for mask, val, off in keys
+    )
+
+
+def put_port_filter(
+    ifindex: int, major: int, family: Family, port: int, target_minor: int, handle_: int,
+    create: bool,
+) -> Request:
+    payload = _tcmsg(ifindex, handle_, handle(major, 0), _filter_info(family))
+    payload += _kind("u32") + _nested(
+        TCA_OPTIONS,
+        _nla(TCA_U32_CLASSID, struct.pack("=I", handle(major, target_minor))),
+        _nla(TCA_U32_SEL, _sport_selector(family, port)),
+    )
+    flags = NLM_F_CREATE | NLM_F_EXCL if create else NLM_F_REPLACE
+    verb = "add" if create else "retarget"
+    what = f"{verb} {family} sport {port} filter -> {major:x}:{target_minor:x} on #{ifindex}"
+    return Request(RTM_NEWTFILTER, flags, payload, what)
+
+
+def delete_filter(ifindex: int, major: int, family: Family, handle_: int) -> Request:
+    payload = _tcmsg(ifindex, handle_, handle(major, 0), _filter_info(family)) + _kind("u32")
+    what = f"delete {family} filter {handle_:#x} on #{ifindex}"
+    return Request(RTM_DELTFILTER, 0, payload, what)
+
+
+# Decoding ---------------------------------------------------------------------------------
+
+
+def decode_htb_class(msg: Any) -> HtbClass | None:
+    if msg.get_attr("TCA_KIND") != "htb":
+        return None
+    options = msg.get_attr("TCA_OPTIONS")
+    parms = options.get_attr("TCA_HTB_PARMS") if options else None
+    if parms is None:
+        return None
+    rate = options.get_attr("TCA_HTB_RATE64") or parms["rate"]
+    ceil = options.get_attr("TCA_HTB_CEIL64") or parms["ceil"]
+    parent = msg["parent"]
+    parent_minor = 0 if parent == TC_H_ROOT or parent & 0xFFFF == 0 else parent & 0xFFFF
+    return HtbClass(
+        minor=msg["handle"] & 0xFFFF,
+        parent_minor=parent_minor,
+        rate=rate,
+        ceil=ceil,
+        buffer=parms["buffer"],
+        cbuffer=parms["cbuffer"],
+        quantum=parms["quantum"],
+        prio=parms["prio"],
+    )
+
+
+def attributes(data: bytes, offset: int = 0) -> dict[int, bytes]:
+    """Top-level netlink attributes of `data[offset:]` by type (nested flag stripped)."""
+    found: dict[int, bytes] = {}
+    while offset + 4 <= len(data):
+        length, nla_type = struct.unpack_from("=HH", data, offset)
+        if length < 4:
+            break
+        found.setdefault(nla_type & 0x3FFF, data[offset + 4 : offset + length])
+        offset += (length + 3) & ~3
+    return found
+
+
+def decode_port_filter(raw: bytes) -> InstalledFilter | None:
+    """Our filters: u32 at one of our priorities with a node handle. Hash tables (node 0)
+    are the kernel's bookkeeping and are skipped. Parsed from the raw message because
+    pyroute2 0.9.7 decodes u32 keys four bytes off."""
+    _, ifindex, handle_, _, info = _TCMSG.unpack_from(raw, NLMSG_HEADER_SIZE)
+    attrs = attributes(raw, NLMSG_HEADER_SIZE + _TCMSG.size)
+    if attrs.get(TCA_KIND, b"").rstrip(b"\0") != b"u32":
+        return None
+    family = next((f for f, p in FILTER_PRIO.items() if p == info >> 16), None)
+    if family is None or handle_ & MAX_FILTER_NODE == 0:
+        return None
+    options = attributes(attrs.get(TCA_OPTIONS, b""))
+    classid_raw = options.get(TCA_U32_CLASSID)
+    target = struct.unpack("=I", classid_raw)[0] & 0xFFFF if classid_raw else None
+    return InstalledFilter(family, handle_, _port_from_selector(family, options.get(TCA_U32_SEL)), target)
+
+
+def _port_from_selector(family: Family, sel: bytes | None) -> int | None:
+    """The source port if the selector is exactly (TCP, sport) as we install it."""
+    if sel is None or len(sel) < _U32_SEL.size:
+        return None
+    nkeys = _U32_SEL.unpack_from(sel)[2]
+    keys = set()
+    for index in range(nkeys):
+        at = _U32_SEL.size + index * 16
+        if at + 16 > len(sel):
+            return None
+        mask, val = _U32_KEY_MATCH.unpack_from(sel, at)
+        off, _ = _U32_KEY_OFFSETS.unpack_from(sel, at + 8)
+        keys.add((off, mask, val))
+    proto = _TCP_MATCH[family]
+    ports = [val >> 16 for off, mask, val in keys if (off, mask) == (_SPORT_OFFSET[family], 0xFFFF0000)]
+    if nkeys == 2 and proto in keys and len(ports) == 1:
+        return ports[0]
+    return None
