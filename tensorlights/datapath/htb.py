@@ -9,7 +9,7 @@ from __future__ import annotations
 
 import errno
 import struct
-from dataclasses import dataclass, replace
+from dataclasses import dataclass
 from typing import Any
 
 from tensorlights.datapath import tc_messages as tcm
@@ -30,17 +30,24 @@ from tensorlights.errors import (
 from tensorlights.model import DatapathSpec, PreviousRootQdisc
 from tensorlights.policy.tc_plan import (
     DEFAULT_MAJOR,
+    JOB_TABLE_NODE,
+    MAX_FILTER_NODE,
     ActualState,
+    AddTable,
     DeleteClass,
     DeleteFilter,
     DesiredLayout,
     HtbTuning,
+    JobTable,
+    PortLink,
     PutClass,
-    PutFilter,
+    PutLink,
+    PutTableTarget,
     TcOp,
     desired_layout,
     diff,
-    minors_in_use,
+    retarget_tables,
+    tables_in_use,
 )
 
 ETH_HEADER = 14
@@ -58,7 +65,7 @@ class LinkInfo:
 class ApplyResult:
     ops: tuple[TcOp, ...]
     took_over: PreviousRootQdisc | None  # the root qdisc we replaced on this pass, if any
-    job_minor: dict[str, int]
+    job_table: dict[str, int]  # job -> its u32 table id
 
 
 class HtbDatapath:
@@ -118,18 +125,31 @@ class HtbDatapath:
             cls = tcm.decode_htb_class(msg)
             if cls is not None:
                 classes[cls.minor] = cls
-        filters = []
+        links: list[PortLink] = []
+        table_handles: dict[int, list[int]] = {}
+        table_target: dict[int, int | None] = {}
         request = struct.pack("=BxxxiIII", 0, ifindex, 0, our_qdisc, 0)
         for raw in self.sock.dump(RTM_GETTFILTER, request):
-            installed = tcm.decode_port_filter(raw)
-            if installed is not None:
-                filters.append(installed)
+            entry = tcm.decode_filter(raw)
+            if isinstance(entry, PortLink):
+                links.append(entry)
+            elif isinstance(entry, tcm.TableEntry):
+                handles = table_handles.setdefault(entry.htid, [])
+                if entry.handle & MAX_FILTER_NODE:
+                    handles.append(entry.handle)
+                if entry.handle & MAX_FILTER_NODE == JOB_TABLE_NODE:
+                    table_target[entry.htid] = entry.target_minor
+        tables = {
+            htid: JobTable(htid, table_target.get(htid), tuple(handles))
+            for htid, handles in table_handles.items()
+        }
         return ActualState(
             root_kind=kind,
             root_handle=root_handle,
             default_minor=glob["defcls"] if glob else None,
             classes=classes,
-            filters=tuple(filters),
+            links=tuple(links),
+            tables=tables,
         )
 
     def _is_ours(self, kind: str | None, root_handle: int) -> bool:
@@ -145,7 +165,7 @@ class HtbDatapath:
             took_over = self._install_root(spec.interface, link.ifindex, actual)
             actual = self.read_actual(link.ifindex)
         tuning = self.tuning or HtbTuning(mtu=link.mtu + ETH_HEADER)
-        layout = desired_layout(spec, tuning, self.major, minors_in_use(spec, actual))
+        layout = desired_layout(spec, tuning, self.major, tables_in_use(spec, actual))
         ops = diff(actual, layout)
         if actual.default_minor != layout.default_minor:
             # Our qdisc, but someone changed its default class: only a replace fixes that.
@@ -155,7 +175,7 @@ class HtbDatapath:
         self._written = None
         self.sock.execute([self._encode(link.ifindex, op) for op in ops])
         self._written = (link.ifindex, layout)
-        return ApplyResult(tuple(ops), took_over, dict(layout.job_minor))
+        return ApplyResult(tuple(ops), took_over, dict(layout.job_table))
 
     def rotate(self, spec: DatapathSpec) -> ApplyResult:
         """Band changes only, against what we last wrote: one batch of class changes.
@@ -163,32 +183,22 @@ class HtbDatapath:
         if self._written is None:
             return self.apply(spec)
         ifindex, layout = self._written
-        if set(layout.job_minor) != {j.job for j in spec.jobs} or any(
-            layout.filters.get((family, port)) != layout.job_minor[job.job]
-            for job in spec.jobs
-            for port in job.ports
-            for family in tcm.ETH_PROTO
-        ) or len(layout.filters) != 2 * sum(len(j.ports) for j in spec.jobs):
+        planned = retarget_tables(layout, spec)
+        if planned is None:
             return self.apply(spec)
-        classes = dict(layout.classes)
-        ops: list[TcOp] = []
-        for job in spec.jobs:
-            minor = layout.job_minor[job.job]
-            if classes[minor].prio != job.band:
-                classes[minor] = replace(classes[minor], prio=job.band)
-                ops.append(PutClass(classes[minor], create=False))
+        new_layout, ops = planned
         self._written = None
         try:
             self.sock.execute([self._encode(ifindex, op) for op in ops])
         except NetlinkRequestError as exc:
             if exc.errno in (errno.ENOENT, errno.ENODEV, errno.EINVAL):
-                return self.apply(spec)  # state drifted under us: reconcile fully
+                return self.apply(spec)  # the kernel's state drifted from ours: reconcile
             raise
-        self._written = (ifindex, replace(layout, classes=classes))
-        return ApplyResult(tuple(ops), None, dict(layout.job_minor))
+        self._written = (ifindex, new_layout)
+        return ApplyResult(tuple(ops), None, dict(new_layout.job_table))
 
     def _install_root(self, interface: str, ifindex: int, actual: ActualState) -> PreviousRootQdisc:
-        root, raw = self._root_qdisc(ifindex)
+        _, raw = self._root_qdisc(ifindex)
         is_default = actual.root_handle == 0
         if not is_default and not self.take_over_foreign:
             raise ForeignQdiscError(
@@ -214,10 +224,12 @@ class HtbDatapath:
         match op:
             case PutClass(cls, create):
                 return tcm.put_htb_class(ifindex, self.major, cls, create)
-            case PutFilter(family, port, target, handle_, create):
-                return tcm.put_port_filter(
-                    ifindex, self.major, family, port, target, handle_, create
-                )
+            case AddTable(htid):
+                return tcm.add_job_table(ifindex, self.major, htid)
+            case PutTableTarget(htid, target, create):
+                return tcm.put_table_target(ifindex, self.major, htid, target, create)
+            case PutLink(family, port, htid, handle_, create):
+                return tcm.put_port_link(ifindex, self.major, family, port, htid, handle_, create)
             case DeleteFilter(family, handle_):
                 return tcm.delete_filter(ifindex, self.major, family, handle_)
             case DeleteClass(minor):

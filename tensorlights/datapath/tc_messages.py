@@ -8,15 +8,21 @@ from __future__ import annotations
 
 import socket
 import struct
+from dataclasses import dataclass
 from typing import Any
 
 from tensorlights.datapath.netlink import Request
 from tensorlights.policy.tc_plan import (
     FILTER_PRIO,
+    JOB_TABLE_FAMILY,
+    JOB_TABLE_NODE,
     MAX_FILTER_NODE,
     Family,
     HtbClass,
-    InstalledFilter,
+    PortLink,
+    is_job_table,
+    u32_htid,
+    u32_table_handle,
 )
 
 RTM_NEWQDISC, RTM_DELQDISC = 36, 37
@@ -26,7 +32,7 @@ NLM_F_REPLACE, NLM_F_EXCL, NLM_F_CREATE = 0x100, 0x200, 0x400
 TC_H_ROOT = 0xFFFFFFFF
 TCA_KIND, TCA_OPTIONS = 1, 2
 TCA_HTB_PARMS, TCA_HTB_INIT, TCA_HTB_RATE64, TCA_HTB_CEIL64 = 1, 2, 6, 7
-TCA_U32_CLASSID, TCA_U32_SEL = 1, 5
+TCA_U32_CLASSID, TCA_U32_HASH, TCA_U32_LINK, TCA_U32_DIVISOR, TCA_U32_SEL = 1, 2, 3, 4, 5
 TC_U32_TERMINAL = 1
 ETH_P_IP, ETH_P_IPV6 = 0x0800, 0x86DD
 IPPROTO_TCP = 6
@@ -141,37 +147,64 @@ def _filter_info(family: Family) -> int:
     return (FILTER_PRIO[family] << 16) | socket.htons(ETH_PROTO[family])
 
 
-def _sport_selector(family: Family, port: int) -> bytes:
-    proto_off, proto_mask, proto_val = _TCP_MATCH[family]
-    keys = [
-        (proto_mask, proto_val, proto_off),
-        (0xFFFF0000, port << 16, _SPORT_OFFSET[family]),
-    ]
-    sel = _U32_SEL.pack(TC_U32_TERMINAL, 0, len(keys), 0, 0, 0, 0, 0)
+def _selector(flags: int, keys: list[tuple[int, int, int]]) -> bytes:
+    sel = _U32_SEL.pack(flags, 0, len(keys), 0, 0, 0, 0, 0)
     return sel + b"".join(
         _U32_KEY_MATCH.pack(mask, val) + _U32_KEY_OFFSETS.pack(off, 0) for mask, val, off in keys
     )
 
 
-def put_port_filter(
-    ifindex: int, major: int, family: Family, port: int, target_minor: int, handle_: int,
-    create: bool,
+def _sport_keys(family: Family, port: int) -> list[tuple[int, int, int]]:
+    proto_off, proto_mask, proto_val = _TCP_MATCH[family]
+    return [(proto_mask, proto_val, proto_off), (0xFFFF0000, port << 16, _SPORT_OFFSET[family])]
+
+
+def _u32(
+    ifindex: int, major: int, family: Family, handle_: int, create: bool, what: str,
+    *options: bytes,
 ) -> Request:
     payload = _tcmsg(ifindex, handle_, handle(major, 0), _filter_info(family))
-    payload += _kind("u32") + _nested(
-        TCA_OPTIONS,
-        _nla(TCA_U32_CLASSID, struct.pack("=I", handle(major, target_minor))),
-        _nla(TCA_U32_SEL, _sport_selector(family, port)),
-    )
+    payload += _kind("u32") + _nested(TCA_OPTIONS, *options)
     flags = NLM_F_CREATE | NLM_F_EXCL if create else NLM_F_REPLACE
-    verb = "add" if create else "retarget"
-    what = f"{verb} {family} sport {port} filter -> {major:x}:{target_minor:x} on #{ifindex}"
     return Request(RTM_NEWTFILTER, flags, payload, what)
+
+
+def add_job_table(ifindex: int, major: int, htid: int) -> Request:
+    what = f"add u32 job table {htid:x}: on #{ifindex}"
+    divisor = _nla(TCA_U32_DIVISOR, struct.pack("=I", 1))
+    return _u32(ifindex, major, JOB_TABLE_FAMILY, u32_table_handle(htid), True, what, divisor)
+
+
+def put_table_target(
+    ifindex: int, major: int, htid: int, target_minor: int, create: bool
+) -> Request:
+    """The single match-all filter in a job's table: the job's packets go to `target`."""
+    table = u32_table_handle(htid)
+    what = f"point job table {htid:x}: at {major:x}:{target_minor:x} on #{ifindex}"
+    return _u32(
+        ifindex, major, JOB_TABLE_FAMILY, table | JOB_TABLE_NODE, create, what,
+        _nla(TCA_U32_HASH, struct.pack("=I", table)),
+        _nla(TCA_U32_CLASSID, struct.pack("=I", handle(major, target_minor))),
+        _nla(TCA_U32_SEL, _selector(TC_U32_TERMINAL, [(0, 0, 0)])),
+    )
+
+
+def put_port_link(
+    ifindex: int, major: int, family: Family, port: int, htid: int, handle_: int, create: bool
+) -> Request:
+    """(TCP, source port) in the family's root table -> the job's table."""
+    verb = "add" if create else "relink"
+    what = f"{verb} {family} sport {port} -> job table {htid:x}: on #{ifindex}"
+    return _u32(
+        ifindex, major, family, handle_, create, what,
+        _nla(TCA_U32_LINK, struct.pack("=I", u32_table_handle(htid))),
+        _nla(TCA_U32_SEL, _selector(0, _sport_keys(family, port))),
+    )
 
 
 def delete_filter(ifindex: int, major: int, family: Family, handle_: int) -> Request:
     payload = _tcmsg(ifindex, handle_, handle(major, 0), _filter_info(family)) + _kind("u32")
-    what = f"delete {family} filter {handle_:#x} on #{ifindex}"
+    what = f"delete {family} u32 filter {handle_:#x} on #{ifindex}"
     return Request(RTM_DELTFILTER, 0, payload, what)
 
 
@@ -213,21 +246,38 @@ def attributes(data: bytes, offset: int = 0) -> dict[int, bytes]:
     return found
 
 
-def decode_port_filter(raw: bytes) -> InstalledFilter | None:
-    """Our filters: u32 at one of our priorities with a node handle. Hash tables (node 0)
-    are the kernel's bookkeeping and are skipped. Parsed from the raw message because
+@dataclass(frozen=True)
+class TableEntry:
+    """A job table itself (node 0) or a filter inside one."""
+
+    htid: int
+    handle: int
+    target_minor: int | None
+
+
+def decode_filter(raw: bytes) -> PortLink | TableEntry | None:
+    """Classify one dumped filter of our qdisc: a port link in a root table, a job table or a
+    filter in one; None for anything not at our priorities. Parsed from the raw message:
     pyroute2 0.9.7 decodes u32 keys four bytes off."""
-    _, ifindex, handle_, _, info = _TCMSG.unpack_from(raw, NLMSG_HEADER_SIZE)
+    _, _, handle_, _, info = _TCMSG.unpack_from(raw, NLMSG_HEADER_SIZE)
     attrs = attributes(raw, NLMSG_HEADER_SIZE + _TCMSG.size)
     if attrs.get(TCA_KIND, b"").rstrip(b"\0") != b"u32":
         return None
     family = next((f for f, p in FILTER_PRIO.items() if p == info >> 16), None)
-    if family is None or handle_ & MAX_FILTER_NODE == 0:
+    if family is None or handle_ == 0:
         return None
     options = attributes(attrs.get(TCA_OPTIONS, b""))
-    classid_raw = options.get(TCA_U32_CLASSID)
-    target = struct.unpack("=I", classid_raw)[0] & 0xFFFF if classid_raw else None
-    return InstalledFilter(family, handle_, _port_from_selector(family, options.get(TCA_U32_SEL)), target)
+    htid = u32_htid(handle_)
+    if is_job_table(htid):
+        classid = options.get(TCA_U32_CLASSID)
+        target = struct.unpack("=I", classid)[0] & 0xFFFF if classid else None
+        return TableEntry(htid, handle_, target)
+    if handle_ & MAX_FILTER_NODE == 0:
+        return None  # a family's root table: the kernel's bookkeeping
+    link = options.get(TCA_U32_LINK)
+    linked = u32_htid(struct.unpack("=I", link)[0]) if link else None
+    port = _port_from_selector(family, options.get(TCA_U32_SEL))
+    return PortLink(family, handle_, port, linked)
 
 
 def _port_from_selector(family: Family, sel: bytes | None) -> int | None:
@@ -244,7 +294,8 @@ def _port_from_selector(family: Family, sel: bytes | None) -> int | None:
         off, _ = _U32_KEY_OFFSETS.unpack_from(sel, at + 8)
         keys.add((off, mask, val))
     proto = _TCP_MATCH[family]
-    ports = [val >> 16 for off, mask, val in keys if (off, mask) == (_SPORT_OFFSET[family], 0xFFFF0000)]
+    sport = (_SPORT_OFFSET[family], 0xFFFF0000)
+    ports = [val >> 16 for off, mask, val in keys if (off, mask) == sport]
     if nkeys == 2 and proto in keys and len(ports) == 1:
         return ports[0]
     return None

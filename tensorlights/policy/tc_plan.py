@@ -1,22 +1,23 @@
 """Pure planning of the tc objects TensorLights owns on one interface.
 
-`desired_layout` turns a DatapathSpec into the qdisc, classes and filters that must exist;
-`diff` compares that with what the kernel reports and returns the smallest ordered list of
+`desired_layout` turns a DatapathSpec into the classes and filters that must exist; `diff`
+compares that with what the kernel reports and returns the smallest ordered list of
 operations that makes them equal. No I/O here: the datapath reads and writes the kernel.
 
 Layout (HTB backend, one qdisc of ours at the root, handle MAJOR:):
 
-    MAJOR:1      root class, rate = ceil = link
-      MAJOR:2    unmanaged traffic (default class): guaranteed share, borrows at its band
-      MAJOR:1xx  one leaf class per job: tiny rate, ceil = link, HTB prio = the job's band
+    MAJOR:1        root class, rate = ceil = link
+      MAJOR:2      unmanaged traffic (the default class): guaranteed share, borrows at its band
+      MAJOR:10+b   band b (0 = green): small rate, ceil = link, HTB prio b
 
-A leaf's tiny rate and one-packet burst mean it almost never sends "under rate"; everything it
-sends is borrowed from the root, and HTB lends in priority order, so bands are strict priority.
-Moving the green light is therefore only a change of the `prio` of the classes whose band
-changed: the filters (source port -> job class) stay put.
+    u32, root table of each family:  (TCP, source port) --link--> the job's own hash table
+    u32, job table J (one per job):  match all --> MAJOR:10+band(job)
 
-Filters: u32, one per (family, source port), at a fixed filter priority per family
-(FILTER_PRIO) in the root hash table; the node part of each handle is ours to allocate.
+A band's small rate and one-packet burst mean it almost never sends "under rate"; what it
+sends is borrowed from the root, and HTB lends in priority order: bands are strict priority.
+Moving the green light replaces the single filter in the table of each job whose band changed;
+port filters stay put. (Changing a class's HTB prio instead does not work: the kernel keeps a
+backlogged class in the lists of its old priority until its queue drains.)
 """
 
 from __future__ import annotations
@@ -27,16 +28,17 @@ from collections.abc import Iterable, Mapping
 from dataclasses import dataclass, field
 from enum import StrEnum
 
-from tensorlights.model import DatapathSpec
+from tensorlights.model import NUM_BANDS, DatapathSpec
 
 DEFAULT_MAJOR = 0x7A1
 ROOT_MINOR = 0x1
 UNMANAGED_MINOR = 0x2
-FIRST_JOB_MINOR = 0x100
-LAST_JOB_MINOR = 0xFFFE
+FIRST_BAND_MINOR = 0x10
+FIRST_JOB_TABLE = 0x001
+LAST_JOB_TABLE = 0x7FF  # the kernel numbers its own u32 tables from 0x800 up
 MAX_FILTER_NODE = 0xFFF
+JOB_TABLE_NODE = 1  # the one filter inside a job's table
 PSCHED_TICK_NS = 64  # the kernel's PSCHED_SHIFT = 6: HTB buffers travel in 64 ns ticks
-U32_ROOT_HTID = 0x800
 
 
 class Family(StrEnum):
@@ -45,7 +47,21 @@ class Family(StrEnum):
 
 
 FILTER_PRIO: Mapping[Family, int] = {Family.IPV4: 10, Family.IPV6: 11}
-"""Our u32 filters live at these filter priorities (one per family) and nowhere else."""
+"""Our u32 filters live at these filter priorities (one per family) and nowhere else.
+Job tables are created under the IPv4 priority and linked to from both."""
+JOB_TABLE_FAMILY = Family.IPV4
+
+
+def band_minor(band: int) -> int:
+    return FIRST_BAND_MINOR + band
+
+
+def u32_table_handle(htid: int) -> int:
+    return (htid & 0xFFF) << 20
+
+
+def u32_htid(handle: int) -> int:
+    return (handle >> 20) & 0xFFF
 
 
 @dataclass(frozen=True)
@@ -56,8 +72,13 @@ class HtbTuning:
     """Largest frame on the link including the Ethernet header."""
     quantum: int = 0
     """Bytes a class may send per DRR round among classes of the same band; 0 = 2 x mtu."""
-    min_job_rate_bps: int = 8_000
-    """A job class's own (guaranteed) rate: tiny, so all it sends is borrowed in prio order."""
+    min_band_rate_bps: int = 256_000
+    """A band's own (guaranteed) rate: small, so nearly all it sends is borrowed in priority
+    order, yet enough for a packet every ~50 ms. Lower (8 kbit: a packet every 1.5 s) and a
+    waiting job's TCP flows fall into exponential RTO backoff and stay silent for seconds
+    after they get the green light (measured on veth at 200 Mbit)."""
+    min_band_share: float = 0.001
+    """On fast links a band's guaranteed rate is at least this share of the link."""
     ceil_burst_seconds: float = 0.002
     """Depth of the ceil buckets in seconds at link rate. Too small and the green class runs
     dry between timer ticks, letting lower bands borrow: strictness falls apart."""
@@ -81,13 +102,22 @@ class HtbClass:
 
 
 @dataclass(frozen=True)
-class InstalledFilter:
-    """A u32 filter read back from the kernel at one of our filter priorities."""
+class PortLink:
+    """A u32 filter in a family's root table: (TCP, source port) -> a job table."""
 
     family: Family
     handle: int
     port: int | None  # None: the filter does not have the shape we install
-    target_minor: int | None
+    htid: int | None  # job table it links to
+
+
+@dataclass(frozen=True)
+class JobTable:
+    """A job's u32 table and where its single filter sends the job's packets."""
+
+    htid: int
+    target_minor: int | None  # of the filter at JOB_TABLE_NODE; None if it is missing
+    filter_handles: tuple[int, ...] = ()  # every filter in the table (ours: just one)
 
 
 @dataclass(frozen=True)
@@ -98,7 +128,8 @@ class ActualState:
     root_handle: int
     default_minor: int | None  # HTB defcls of our qdisc, when the root qdisc is ours
     classes: Mapping[int, HtbClass] = field(default_factory=dict)
-    filters: tuple[InstalledFilter, ...] = ()
+    links: tuple[PortLink, ...] = ()
+    tables: Mapping[int, JobTable] = field(default_factory=dict)
 
 
 @dataclass(frozen=True)
@@ -106,8 +137,9 @@ class DesiredLayout:
     major: int
     default_minor: int
     classes: Mapping[int, HtbClass]
-    filters: Mapping[tuple[Family, int], int]  # (family, source port) -> target class minor
-    job_minor: Mapping[str, int]
+    job_table: Mapping[str, int]  # job -> htid
+    table_target: Mapping[int, int]  # htid -> band class minor
+    links: Mapping[tuple[Family, int], int]  # (family, source port) -> htid
 
 
 # Operations, in the order `diff` emits them -------------------------------------------------
@@ -120,10 +152,22 @@ class PutClass:
 
 
 @dataclass(frozen=True)
-class PutFilter:
+class AddTable:
+    htid: int
+
+
+@dataclass(frozen=True)
+class PutTableTarget:
+    htid: int
+    target_minor: int
+    create: bool
+
+
+@dataclass(frozen=True)
+class PutLink:
     family: Family
     port: int
-    target_minor: int
+    htid: int
     handle: int  # full handle for a replace, node-only (htid 0) for a create
     create: bool
 
@@ -139,7 +183,7 @@ class DeleteClass:
     minor: int
 
 
-TcOp = PutClass | PutFilter | DeleteFilter | DeleteClass
+TcOp = PutClass | AddTable | PutTableTarget | PutLink | DeleteFilter | DeleteClass
 
 
 def psched_ticks(size_bytes: int, rate_bytes_per_s: int) -> int:
@@ -147,45 +191,45 @@ def psched_ticks(size_bytes: int, rate_bytes_per_s: int) -> int:
     return int(size_bytes * 1_000_000_000 / rate_bytes_per_s / PSCHED_TICK_NS)
 
 
-def is_job_minor(minor: int) -> bool:
-    return FIRST_JOB_MINOR <= minor <= LAST_JOB_MINOR
+def is_job_table(htid: int) -> bool:
+    return FIRST_JOB_TABLE <= htid <= LAST_JOB_TABLE
 
 
-def assign_job_minors(jobs: Iterable[str], previous: Mapping[str, int]) -> dict[str, int]:
-    """Stable class minor per job: keep the one a job had, else a hash of its id, probing
+def assign_job_tables(jobs: Iterable[str], previous: Mapping[str, int]) -> dict[str, int]:
+    """Stable u32 table id per job: keep the one a job had, else a hash of its id, probing
     linearly on collision. Jobs are visited in sorted order so the result is deterministic."""
     job_list = sorted(set(jobs))
-    capacity = LAST_JOB_MINOR - FIRST_JOB_MINOR + 1
+    capacity = LAST_JOB_TABLE - FIRST_JOB_TABLE + 1
     if len(job_list) > capacity:
-        raise ValueError(f"{len(job_list)} jobs exceed the {capacity} class minors available")
-    taken: dict[int, str] = {}
+        raise ValueError(f"{len(job_list)} jobs exceed the {capacity} job tables of one interface")
+    taken: set[int] = set()
     result: dict[str, int] = {}
     for job in job_list:
-        minor = previous.get(job)
-        if minor is not None and is_job_minor(minor) and minor not in taken:
-            taken[minor] = job
-            result[job] = minor
+        htid = previous.get(job)
+        if htid is not None and is_job_table(htid) and htid not in taken:
+            taken.add(htid)
+            result[job] = htid
     for job in job_list:
         if job in result:
             continue
         slot = zlib.crc32(job.encode()) % capacity
-        while FIRST_JOB_MINOR + slot in taken:
+        while FIRST_JOB_TABLE + slot in taken:
             slot = (slot + 1) % capacity
-        taken[FIRST_JOB_MINOR + slot] = job
-        result[job] = FIRST_JOB_MINOR + slot
+        taken.add(FIRST_JOB_TABLE + slot)
+        result[job] = FIRST_JOB_TABLE + slot
     return result
 
 
-def minors_in_use(spec: DatapathSpec, actual: ActualState) -> dict[str, int]:
-    """Which class each job's ports point at in the kernel now (majority vote per job)."""
-    port_target = {(f.family, f.port): f.target_minor for f in actual.filters if f.port}
+def tables_in_use(spec: DatapathSpec, actual: ActualState) -> dict[str, int]:
+    """Which job table each job's ports link to in the kernel now (majority vote per job)."""
+    port_table = {(link.family, link.port): link.htid for link in actual.links if link.port}
     hint: dict[str, int] = {}
     for job in spec.jobs:
         votes = Counter(
-            target
+            htid
             for family in Family
             for port in job.ports
-            if (target := port_target.get((family, port))) is not None and is_job_minor(target)
+            if (htid := port_table.get((family, port))) is not None and is_job_table(htid)
         )
         if votes:
             hint[job.job] = votes.most_common(1)[0][0]
@@ -196,7 +240,7 @@ def desired_layout(
     spec: DatapathSpec,
     tuning: HtbTuning,
     major: int = DEFAULT_MAJOR,
-    previous_minors: Mapping[str, int] | None = None,
+    previous_tables: Mapping[str, int] | None = None,
 ) -> DesiredLayout:
     link = max(1, spec.link_rate_bps // 8)
     ceil_burst = max(int(link * tuning.ceil_burst_seconds), 10 * tuning.mtu)
@@ -218,29 +262,35 @@ def desired_layout(
         quantum,
         spec.unmanaged_band,
     )
-    job_rate = max(1, tuning.min_job_rate_bps // 8)
-    job_buffer = psched_ticks(tuning.mtu, job_rate)
-    job_minor = assign_job_minors((j.job for j in spec.jobs), previous_minors or {})
-    filters: dict[tuple[Family, int], int] = {}
-    for job in spec.jobs:
-        minor = job_minor[job.job]
+    band_rate = max(1, tuning.min_band_rate_bps // 8, int(link * tuning.min_band_share))
+    band_buffer = psched_ticks(tuning.mtu, band_rate)
+    for band in range(NUM_BANDS):
+        minor = band_minor(band)
         classes[minor] = HtbClass(
-            minor, ROOT_MINOR, job_rate, link, job_buffer, cbuffer, quantum, job.band
+            minor, ROOT_MINOR, band_rate, link, band_buffer, cbuffer, quantum, band
         )
+    job_table = assign_job_tables((j.job for j in spec.jobs), previous_tables or {})
+    links: dict[tuple[Family, int], int] = {}
+    table_target: dict[int, int] = {}
+    for job in spec.jobs:
+        htid = job_table[job.job]
+        table_target[htid] = band_minor(job.band)
         for port in job.ports:
             for family in Family:
-                filters[(family, port)] = minor
-    return DesiredLayout(major, UNMANAGED_MINOR, classes, filters, job_minor)
+                links[(family, port)] = htid
+    return DesiredLayout(major, UNMANAGED_MINOR, classes, job_table, table_target, links)
 
 
-def _ours(minor: int) -> bool:
-    return minor in (ROOT_MINOR, UNMANAGED_MINOR) or is_job_minor(minor)
+def _our_class(minor: int) -> bool:
+    return minor in (ROOT_MINOR, UNMANAGED_MINOR) or (
+        FIRST_BAND_MINOR <= minor < FIRST_BAND_MINOR + NUM_BANDS
+    )
 
 
 def diff(actual: ActualState, desired: DesiredLayout) -> list[TcOp]:
     """Ordered operations that turn `actual` into `desired` without a moment in which a
-    managed port's traffic lacks a class: classes first (parents before children), then
-    filter retargets and additions, then stale filters, then stale classes."""
+    managed port's packets have nowhere to go: classes first (parents before children), then
+    job tables and their targets, then port links, then stale links and tables."""
     ops: list[TcOp] = []
     for minor in sorted(desired.classes, key=lambda m: (desired.classes[m].parent_minor, m)):
         want = desired.classes[minor]
@@ -248,20 +298,34 @@ def diff(actual: ActualState, desired: DesiredLayout) -> list[TcOp]:
         if have != want:
             ops.append(PutClass(want, create=have is None))
 
-    wanted_filters = dict(desired.filters)
-    used_nodes: dict[Family, set[int]] = {family: set() for family in Family}
-    stale: list[InstalledFilter] = []
-    for installed in actual.filters:
-        used_nodes[installed.family].add(installed.handle & MAX_FILTER_NODE)
-        key = (installed.family, installed.port) if installed.port is not None else None
-        if key is None or key not in wanted_filters:
-            stale.append(installed)
+    for htid, target in sorted(desired.table_target.items()):
+        table = actual.tables.get(htid)
+        if table is None:
+            ops += [AddTable(htid), PutTableTarget(htid, target, create=True)]
             continue
-        target = wanted_filters.pop(key)
-        if installed.target_minor != target:
-            ops.append(PutFilter(key[0], key[1], target, installed.handle, create=False))
+        has_node = JOB_TABLE_NODE in {h & MAX_FILTER_NODE for h in table.filter_handles}
+        ops.extend(
+            DeleteFilter(JOB_TABLE_FAMILY, h)
+            for h in table.filter_handles
+            if h & MAX_FILTER_NODE != JOB_TABLE_NODE
+        )
+        if not has_node or table.target_minor != target:
+            ops.append(PutTableTarget(htid, target, create=not has_node))
+
+    wanted_links = dict(desired.links)
+    used_nodes: dict[Family, set[int]] = {family: set() for family in Family}
+    stale: list[PortLink] = []
+    for link in actual.links:
+        used_nodes[link.family].add(link.handle & MAX_FILTER_NODE)
+        key = (link.family, link.port) if link.port is not None else None
+        if key is None or key not in wanted_links:
+            stale.append(link)
+            continue
+        htid = wanted_links.pop(key)
+        if link.htid != htid:
+            ops.append(PutLink(key[0], key[1], htid, link.handle, create=False))
     next_node = {family: 1 for family in Family}
-    for (family, port), target in sorted(wanted_filters.items()):
+    for (family, port), htid in sorted(wanted_links.items()):
         node = next_node[family]
         while node in used_nodes[family]:
             node += 1
@@ -272,10 +336,44 @@ def diff(actual: ActualState, desired: DesiredLayout) -> list[TcOp]:
             )
         used_nodes[family].add(node)
         next_node[family] = node + 1
-        ops.append(PutFilter(family, port, target, node, create=True))
-    ops.extend(DeleteFilter(f.family, f.handle) for f in stale)
+        ops.append(PutLink(family, port, htid, node, create=True))
+    ops.extend(DeleteFilter(link.family, link.handle) for link in stale)
 
+    for htid in sorted(actual.tables):
+        if htid not in desired.table_target:
+            ops.append(DeleteFilter(JOB_TABLE_FAMILY, u32_table_handle(htid)))
     for minor in sorted(actual.classes, reverse=True):
-        if minor not in desired.classes and _ours(minor) and minor != ROOT_MINOR:
+        if minor not in desired.classes and _our_class(minor) and minor != ROOT_MINOR:
             ops.append(DeleteClass(minor))
     return ops
+
+
+def retarget_tables(
+    layout: DesiredLayout, spec: DatapathSpec
+) -> tuple[DesiredLayout, list[TcOp]] | None:
+    """The rotation fast path: if `spec` differs from what `layout` was built from only in
+    bands, the new layout and the table retargets; else None (a full reconcile is needed)."""
+    if set(layout.job_table) != {job.job for job in spec.jobs}:
+        return None
+    port_count = 0
+    for job in spec.jobs:
+        htid = layout.job_table[job.job]
+        port_count += len(job.ports)
+        for port in job.ports:
+            if any(layout.links.get((family, port)) != htid for family in Family):
+                return None
+    if len(layout.links) != len(Family) * port_count:
+        return None
+    targets = dict(layout.table_target)
+    ops: list[TcOp] = []
+    for job in spec.jobs:
+        htid = layout.job_table[job.job]
+        target = band_minor(job.band)
+        if targets[htid] != target:
+            targets[htid] = target
+            ops.append(PutTableTarget(htid, target, create=False))
+    new_layout = DesiredLayout(
+        layout.major, layout.default_minor, layout.classes, layout.job_table, targets,
+        layout.links,
+    )
+    return new_layout, ops

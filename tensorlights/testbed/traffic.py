@@ -1,0 +1,121 @@
+"""Backlogged TCP flows for the testbed: a `serve` side that pushes bytes from fixed listening
+ports (like a PS pushing parameters to workers) and a `sink` side that reads them and records
+how many bytes each flow delivered in every interval.
+
+    python -m tensorlights.testbed.traffic serve --port 5001 --port 5002
+    python -m tensorlights.testbed.traffic sink --connect 10.77.0.1:5001 --seconds 6
+
+`sink` prints one JSON object: {"interval": s, "flows": {"ADDR:PORT": [bytes, ...]},
+"resets": n, "errors": [...]}. Both sides stop by themselves.
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import selectors
+import socket
+import sys
+import time
+
+CHUNK = 256 * 1024
+
+
+def serve(ports: list[int], bind: str, max_seconds: float) -> int:
+    """Accept connections on every port and write to each until its peer closes."""
+    sel = selectors.DefaultSelector()
+    family = socket.AF_INET6 if ":" in bind else socket.AF_INET
+    for port in ports:
+        listener = socket.socket(family, socket.SOCK_STREAM)
+        listener.setsockopt(socket.SOL_SOCKET, socket.SO_REUSEADDR, 1)
+        listener.bind((bind, port))
+        listener.listen(64)
+        listener.setblocking(False)
+        sel.register(listener, selectors.EVENT_READ, "listener")
+    payload = b"\0" * CHUNK
+    print("ready", flush=True)
+    deadline = time.monotonic() + max_seconds
+    resets = 0
+    while time.monotonic() < deadline:
+        for key, _ in sel.select(timeout=0.5):
+            sock = key.fileobj
+            assert isinstance(sock, socket.socket)
+            if key.data == "listener":
+                conn, _ = sock.accept()
+                conn.setblocking(False)
+                sel.register(conn, selectors.EVENT_WRITE, "flow")
+                continue
+            try:
+                sock.send(payload)
+            except BlockingIOError:
+                continue
+            except (ConnectionResetError, BrokenPipeError) as exc:
+                resets += isinstance(exc, ConnectionResetError)
+                sel.unregister(sock)
+                sock.close()
+    print(json.dumps({"resets": resets}), flush=True)
+    return 0
+
+
+def sink(targets: list[str], seconds: float, interval: float) -> int:
+    sel = selectors.DefaultSelector()
+    slots = max(1, round(seconds / interval))
+    flows: dict[str, list[int]] = {}
+    errors: list[str] = []
+    resets = 0
+    for target in targets:
+        host, _, port = target.rpartition(":")
+        host = host.strip("[]")
+        family = socket.AF_INET6 if ":" in host else socket.AF_INET
+        conn = socket.create_connection((host, int(port)), timeout=5) if family == socket.AF_INET \
+            else socket.create_connection((host, int(port), 0, 0), timeout=5)
+        conn.setblocking(False)
+        sel.register(conn, selectors.EVENT_READ, target)
+        flows[target] = [0] * slots
+    start = time.monotonic()
+    end = start + seconds
+    while (now := time.monotonic()) < end:
+        for key, _ in sel.select(timeout=min(0.05, end - now)):
+            sock = key.fileobj
+            assert isinstance(sock, socket.socket)
+            try:
+                data = sock.recv(1 << 20)
+            except BlockingIOError:
+                continue
+            except ConnectionResetError as exc:
+                resets += 1
+                errors.append(f"{key.data}: {exc}")
+                sel.unregister(sock)
+                continue
+            if not data:
+                errors.append(f"{key.data}: closed by peer")
+                sel.unregister(sock)
+                continue
+            slot = min(slots - 1, int((time.monotonic() - start) / interval))
+            flows[key.data][slot] += len(data)
+    for key in list(sel.get_map().values()):
+        key.fileobj.close()  # type: ignore[union-attr]
+    print(json.dumps({"interval": interval, "flows": flows, "resets": resets, "errors": errors}))
+    return 0
+
+
+def main(argv: list[str] | None = None) -> int:
+    parser = argparse.ArgumentParser(prog="tensorlights.testbed.traffic", description=__doc__,
+                                     formatter_class=argparse.RawDescriptionHelpFormatter)
+    sub = parser.add_subparsers(dest="mode", required=True)
+    p_serve = sub.add_parser("serve", help="push bytes from listening ports")
+    p_serve.add_argument("--port", type=int, action="append", required=True)
+    p_serve.add_argument("--bind", default="::")
+    p_serve.add_argument("--max-seconds", type=float, default=120.0)
+    p_sink = sub.add_parser("sink", help="read flows and record bytes per interval")
+    p_sink.add_argument("--connect", action="append", required=True, metavar="ADDR:PORT")
+    p_sink.add_argument("--seconds", type=float, default=5.0)
+    p_sink.add_argument("--interval", type=float, default=0.1)
+    args = parser.parse_args(argv)
+    if args.mode == "serve":
+        return serve(args.port, args.bind, args.max_seconds)
+    return sink(args.connect, args.seconds, args.interval)
+
+
+if __name__ == "__main__":
+    sys.exit(main())
