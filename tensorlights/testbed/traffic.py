@@ -66,9 +66,7 @@ def sink(targets: list[str], seconds: float, interval: float) -> int:
     for target in targets:
         host, _, port = target.rpartition(":")
         host = host.strip("[]")
-        family = socket.AF_INET6 if ":" in host else socket.AF_INET
-        conn = socket.create_connection((host, int(port)), timeout=5) if family == socket.AF_INET \
-            else socket.create_connection((host, int(port), 0, 0), timeout=5)
+        conn = socket.create_connection((host, int(port)), timeout=5)
         conn.setblocking(False)
         sel.register(conn, selectors.EVENT_READ, target)
         flows[target] = [0] * slots

@@ -1,0 +1,67 @@
+"""Helpers for functional tests: read tc state with iproute2's JSON output (an independent
+reader of the kernel, so the tests do not only trust our own decoder), and run flows."""
+
+from __future__ import annotations
+
+import json
+import re
+import subprocess
+import sys
+import time
+from typing import Any
+
+from tensorlights.testbed import netns
+
+PY = sys.executable
+
+
+def tc_json(ns: str, *args: str) -> list[dict[str, Any]]:
+    out = netns.run(["tc", "-n", ns, "-s", "-j", *args]).stdout
+    return json.loads(out) if out.strip() else []
+
+
+_CLASS = re.compile(r"^class htb (\S+) .*?(?:prio (\d+) )?rate", re.M)
+_DROPS = re.compile(r"dropped (\d+)")
+
+
+def htb_classes(ns: str, dev: str) -> dict[str, dict[str, int]]:
+    """handle -> {"prio", "drops"} from `tc -s class show` (no JSON for classes here)."""
+    out = netns.run(["tc", "-n", ns, "-s", "class", "show", "dev", dev]).stdout
+    classes = {}
+    for block in out.split("\n\n"):
+        head = _CLASS.search(block)
+        drops = _DROPS.search(block)
+        if head and drops:
+            classes[head.group(1)] = {"prio": int(head.group(2) or 0), "drops": int(drops.group(1))}
+    return classes
+
+
+def root_qdisc(ns: str, dev: str) -> dict[str, Any]:
+    return next(q for q in tc_json(ns, "qdisc", "show", "dev", dev) if q.get("root"))
+
+
+def start_server(pair: netns.HostPair, ports: list[int], seconds: float = 60) -> subprocess.Popen[str]:
+    args = ["-m", "tensorlights.testbed.traffic", "serve", "--max-seconds", str(seconds)]
+    for port in ports:
+        args += ["--port", str(port)]
+    proc = subprocess.Popen(pair.a.exec_args(PY, *args), stdout=subprocess.PIPE, text=True)
+    assert proc.stdout is not None
+    deadline = time.monotonic() + 10
+    line = proc.stdout.readline()
+    assert line.strip() == "ready" and time.monotonic() < deadline, "traffic server did not start"
+    return proc
+
+
+def start_sink(targets: list[str], seconds: float, interval: float, pair: netns.HostPair
+               ) -> subprocess.Popen[str]:
+    args = ["-m", "tensorlights.testbed.traffic", "sink", "--seconds", str(seconds),
+            "--interval", str(interval)]
+    for target in targets:
+        args += ["--connect", target]
+    return subprocess.Popen(pair.b.exec_args(PY, *args), stdout=subprocess.PIPE, text=True)
+
+
+def sink_result(proc: subprocess.Popen[str], timeout: float) -> dict[str, Any]:
+    out, _ = proc.communicate(timeout=timeout)
+    result: dict[str, Any] = json.loads(out)
+    return result

@@ -1,0 +1,207 @@
+"""The HTB datapath against the real kernel, in namespaces each test creates and removes."""
+
+from __future__ import annotations
+
+import time
+from pathlib import Path
+
+import pytest
+
+from tensorlights.datapath import open_datapath
+from tensorlights.datapath.htb import HtbDatapath
+from tensorlights.errors import ForeignQdiscError, InterfaceNotFoundError, UnsupportedKernelError
+from tensorlights.model import DatapathSpec, JobShaping
+from tensorlights.policy.tc_plan import FIRST_BAND_MINOR
+from tensorlights.testbed import netns
+from tests.functional.tcutil import htb_classes, root_qdisc, sink_result, start_server, start_sink, tc_json
+
+pytestmark = pytest.mark.root
+
+RATE = 200_000_000
+
+
+def two_jobs(green: str, ports_a: set[int] | None = None) -> DatapathSpec:
+    return DatapathSpec(
+        "veth-a",
+        RATE,
+        (
+            JobShaping("job-a", 0 if green == "job-a" else 1, frozenset(ports_a or {5001})),
+            JobShaping("job-b", 0 if green == "job-b" else 1, frozenset({5002})),
+        ),
+    )
+
+
+def test_apply_twice_changes_nothing_and_hand_deletions_are_repaired(
+    pair: netns.HostPair, datapath: HtbDatapath
+) -> None:
+    first = datapath.apply(two_jobs("job-a"))
+    assert first.ops and first.took_over is not None and first.took_over.is_default
+    assert datapath.apply(two_jobs("job-a")).ops == ()
+
+    ns = pair.a.ns
+    table = first.job_table["job-b"]
+    netns.run(["tc", "-n", ns, "filter", "del", "dev", "veth-a", "parent", "7a1:", "prio", "10",
+               "handle", "800::1", "u32"])
+    netns.run(["tc", "-n", ns, "filter", "del", "dev", "veth-a", "parent", "7a1:", "prio", "10",
+               "handle", f"{table:x}::1", "u32"])
+    netns.run(["tc", "-n", ns, "class", "del", "dev", "veth-a", "classid", "7a1:2"])
+    netns.run(["tc", "-n", ns, "class", "change", "dev", "veth-a", "parent", "7a1:1", "classid",
+               "7a1:13", "htb", "rate", "1mbit", "ceil", "1mbit", "prio", "5"])
+    repaired = datapath.apply(two_jobs("job-a"))
+    assert len(repaired.ops) == 4, repaired.ops
+    assert datapath.apply(two_jobs("job-a")).ops == ()
+
+    classes = htb_classes(ns, "veth-a")
+    assert {"7a1:1", "7a1:2", "7a1:10", "7a1:17"} <= set(classes)
+    assert classes["7a1:13"]["prio"] == 3
+
+
+def test_adopts_its_qdisc_after_restart_without_changes(
+    pair: netns.HostPair, datapath: HtbDatapath, tmp_path: Path
+) -> None:
+    first = datapath.apply(two_jobs("job-b"))
+    restarted = open_datapath("htb", tmp_path / "state", netns=pair.a.ns)
+    try:
+        again = restarted.apply(two_jobs("job-b"))
+        assert again.ops == () and again.took_over is None
+        assert again.job_table == first.job_table
+    finally:
+        restarted.sock.close()
+
+
+def test_green_job_carries_the_link_and_rotation_moves_it(
+    pair: netns.HostPair, datapath: HtbDatapath
+) -> None:
+    """Two backlogged flows from two PS ports (one over IPv4, one over IPv6) through a veth
+    shaped at 200 Mbit: the green job gets >= 90% of the bytes, then after a rotation the
+    other one does, and the link stays >= 90% used."""
+    server = start_server(pair, [5001, 5002])
+    try:
+        datapath.apply(two_jobs("job-a"))
+        interval, seconds, rotate_at = 0.5, 7.0, 3.5
+        sink = start_sink([f"{pair.a.ipv4}:5001", f"[{pair.a.ipv6}]:5002"], seconds, interval,
+                          pair)
+        time.sleep(rotate_at)  # a wall-clock experiment: the sink records what happens when
+        rotation = datapath.rotate(two_jobs("job-b"))
+        result = sink_result(sink, timeout=seconds + 10)
+    finally:
+        server.kill()
+        server.wait()
+    assert len(rotation.ops) == 2
+    a = result["flows"][f"{pair.a.ipv4}:5001"]
+    b = result["flows"][f"[{pair.a.ipv6}]:5002"]
+    link_bytes = RATE / 8 * interval
+    # steady slots: skip connection start-up (first slot) and the slot of the rotation
+    before = range(1, int(rotate_at / interval) - 1)
+    after = range(int(rotate_at / interval) + 1, int(seconds / interval))
+    for slot in before:
+        assert a[slot] >= 0.9 * (a[slot] + b[slot]), (slot, a, b)
+        assert a[slot] + b[slot] >= 0.9 * link_bytes, (slot, a, b)
+    for slot in after:
+        assert b[slot] >= 0.9 * (a[slot] + b[slot]), (slot, a, b)
+        assert a[slot] + b[slot] >= 0.9 * link_bytes, (slot, a, b)
+    assert result["resets"] == 0 and not result["errors"]
+
+
+def test_rotation_under_load_keeps_connections_and_drops_nothing(
+    pair: netns.HostPair, datapath: HtbDatapath
+) -> None:
+    ports = [5001, 5002, 5003]
+    spec_of = lambda green: DatapathSpec(  # noqa: E731
+        "veth-a", RATE,
+        tuple(JobShaping(f"job-{p}", 0 if p == green else 1, frozenset({p})) for p in ports),
+    )
+    server = start_server(pair, ports)
+    try:
+        datapath.apply(spec_of(5001))
+        handle_before = root_qdisc(pair.a.ns, "veth-a")["handle"]
+        sink = start_sink([f"{pair.a.ipv4}:{p}" for p in ports], 5.0, 0.5, pair)
+        rotations = 0
+        deadline = time.monotonic() + 4.0
+        while time.monotonic() < deadline:
+            datapath.rotate(spec_of(ports[rotations % len(ports)]))
+            rotations += 1
+            time.sleep(0.1)  # rotation cadence of the experiment, not synchronisation
+        result = sink_result(sink, timeout=20)
+        root = root_qdisc(pair.a.ns, "veth-a")
+    finally:
+        server.kill()
+        server.wait()
+    assert rotations >= 20
+    assert result["resets"] == 0 and not result["errors"]
+    assert all(sum(flow) > 0 for flow in result["flows"].values())
+    assert root["handle"] == handle_before == "7a1:"
+    assert root["drops"] == 0
+    for handle, cls in htb_classes(pair.a.ns, "veth-a").items():
+        assert cls["drops"] == 0, handle
+
+
+def test_foreign_root_qdisc_is_refused_then_taken_over_and_restored(
+    pair: netns.HostPair, tmp_path: Path
+) -> None:
+    ns = pair.a.ns
+    netns.run(["tc", "-n", ns, "qdisc", "add", "dev", "veth-a", "root", "handle", "5:", "tbf",
+               "rate", "50mbit", "burst", "32kb", "latency", "40ms"])
+    original = root_qdisc(ns, "veth-a")
+
+    polite = open_datapath("htb", tmp_path / "state", netns=ns)
+    with pytest.raises(ForeignQdiscError, match="tbf 5:0"):
+        polite.apply(two_jobs("job-a"))
+    config = ("kind", "handle", "options")
+    now = root_qdisc(ns, "veth-a")
+    assert [now[k] for k in config] == [original[k] for k in config], "refusing changes nothing"
+    polite.sock.close()
+
+    bold = open_datapath("htb", tmp_path / "state", netns=ns, take_over_foreign=True)
+    try:
+        result = bold.apply(two_jobs("job-a"))
+        assert result.took_over is not None and result.took_over.kind == "tbf"
+        assert root_qdisc(ns, "veth-a")["kind"] == "htb"
+        assert "restored tbf 5:0" in bold.cleanup("veth-a")
+    finally:
+        bold.sock.close()
+    restored = root_qdisc(ns, "veth-a")
+    assert [restored[k] for k in config] == [original[k] for k in config]
+
+
+def test_cleanup_brings_back_the_kernel_default(pair: netns.HostPair, datapath: HtbDatapath
+                                                 ) -> None:
+    before = root_qdisc(pair.a.ns, "veth-a")
+    datapath.apply(two_jobs("job-a"))
+    assert "kernel default" in datapath.cleanup("veth-a")
+    after = root_qdisc(pair.a.ns, "veth-a")
+    assert (after["kind"], after["handle"]) == (before["kind"], before["handle"])
+    assert "nothing to do" in datapath.cleanup("veth-a")
+
+
+def test_filters_of_others_in_our_qdisc_are_left_alone(
+    pair: netns.HostPair, datapath: HtbDatapath
+) -> None:
+    datapath.apply(two_jobs("job-a"))
+    netns.run(["tc", "-n", pair.a.ns, "filter", "add", "dev", "veth-a", "parent", "7a1:",
+               "prio", "5", "protocol", "ip", "u32", "match", "ip", "dport", "22", "0xffff",
+               "flowid", f"7a1:{FIRST_BAND_MINOR:x}"])
+    assert datapath.apply(two_jobs("job-b")).ops
+    prios = {f.get("pref") for f in tc_json(pair.a.ns, "filter", "show", "dev", "veth-a",
+                                            "parent", "7a1:")}
+    assert 5 in prios
+
+
+def test_missing_interface_is_a_clear_error_and_changes_nothing(
+    pair: netns.HostPair, datapath: HtbDatapath
+) -> None:
+    before = tc_json(pair.a.ns, "qdisc", "show")
+    spec = DatapathSpec("nosuch0", RATE, ())
+    with pytest.raises(InterfaceNotFoundError, match="nosuch0"):
+        datapath.apply(spec)
+    assert tc_json(pair.a.ns, "qdisc", "show") == before
+
+
+def test_prio_backend_names_the_missing_kernel_option(tmp_path: Path) -> None:
+    fake_root = tmp_path / "root"
+    (fake_root / "proc").mkdir(parents=True)
+    import gzip
+
+    (fake_root / "proc/config.gz").write_bytes(gzip.compress(b"CONFIG_NET_SCH_HTB=y\n"))
+    with pytest.raises(UnsupportedKernelError, match="CONFIG_NET_SCH_PRIO"):
+        open_datapath("prio", tmp_path / "state", kernel_root=fake_root)

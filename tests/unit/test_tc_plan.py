@@ -1,0 +1,216 @@
+"""Pure planning: layout, diff and the rotation fast path."""
+
+from __future__ import annotations
+
+from hypothesis import given, settings
+from hypothesis import strategies as st
+
+from tensorlights.model import NUM_BANDS, DatapathSpec, JobShaping
+from tensorlights.policy.tc_plan import (
+    FIRST_BAND_MINOR,
+    JOB_TABLE_NODE,
+    ROOT_MINOR,
+    UNMANAGED_MINOR,
+    ActualState,
+    AddTable,
+    DeleteClass,
+    DeleteFilter,
+    DesiredLayout,
+    Family,
+    HtbTuning,
+    JobTable,
+    PortLink,
+    PutClass,
+    PutLink,
+    PutTableTarget,
+    TcOp,
+    assign_job_tables,
+    desired_layout,
+    diff,
+    retarget_tables,
+    tables_in_use,
+    u32_table_handle,
+)
+
+TUNING = HtbTuning()
+
+
+def spec_of(jobs: dict[str, tuple[int, set[int]]], rate: int = 200_000_000) -> DatapathSpec:
+    return DatapathSpec(
+        "eth0", rate, tuple(JobShaping(j, b, frozenset(p)) for j, (b, p) in jobs.items())
+    )
+
+
+def simulate(actual: ActualState, ops: list[TcOp], layout: DesiredLayout) -> ActualState:
+    """Apply ops to an ActualState the way the kernel would (enough for the diff's needs)."""
+    classes = dict(actual.classes)
+    links = {(link.family, link.handle & 0xFFF): link for link in actual.links}
+    tables = {htid: t for htid, t in actual.tables.items()}
+    for op in ops:
+        match op:
+            case PutClass(cls, create):
+                assert (cls.minor not in classes) == create
+                classes[cls.minor] = cls
+            case DeleteClass(minor):
+                del classes[minor]
+            case AddTable(htid):
+                assert htid not in tables
+                tables[htid] = JobTable(htid, None, ())
+            case PutTableTarget(htid, target, create):
+                handle = u32_table_handle(htid) | JOB_TABLE_NODE
+                assert (handle not in tables[htid].filter_handles) == create
+                tables[htid] = JobTable(htid, target, (handle,))
+            case PutLink(family, port, htid, handle, create):
+                node = handle & 0xFFF
+                assert ((family, node) not in links) == create
+                links[(family, node)] = PortLink(family, 0x80000000 | node, port, htid)
+            case DeleteFilter(family, handle):
+                if handle & 0xFFF == 0:
+                    del tables[(handle >> 20) & 0xFFF]
+                elif (handle >> 20) & 0xFFF < 0x800:
+                    htid = (handle >> 20) & 0xFFF
+                    t = tables[htid]
+                    rest = tuple(h for h in t.filter_handles if h != handle)
+                    tables[htid] = JobTable(htid, t.target_minor, rest)
+                else:
+                    del links[(family, handle & 0xFFF)]
+    for link in links.values():
+        assert link.htid in tables, "a link must never point at a missing table"
+    return ActualState("htb", 0x7A10000, layout.default_minor, classes, tuple(links.values()),
+                       tables)
+
+
+def empty() -> ActualState:
+    return ActualState("htb", 0x7A10000, 2)
+
+
+def test_layout_has_root_unmanaged_and_every_band() -> None:
+    layout = desired_layout(spec_of({"a": (0, {5001})}), TUNING)
+    assert set(layout.classes) == {ROOT_MINOR, UNMANAGED_MINOR} | {
+        FIRST_BAND_MINOR + b for b in range(NUM_BANDS)
+    }
+    root = layout.classes[ROOT_MINOR]
+    assert root.rate == root.ceil == 25_000_000
+    for band in range(NUM_BANDS):
+        cls = layout.classes[FIRST_BAND_MINOR + band]
+        assert cls.prio == band
+        assert cls.ceil == root.rate, "bands borrow up to the link: strict priority by borrowing"
+        assert cls.rate < root.rate // 100, "a band's own rate stays small"
+    unmanaged = layout.classes[UNMANAGED_MINOR]
+    assert unmanaged.rate == int(25_000_000 * 0.05), "unmanaged traffic keeps its guaranteed share"
+    assert layout.default_minor == UNMANAGED_MINOR
+
+
+def test_each_port_links_both_families_to_its_jobs_table() -> None:
+    layout = desired_layout(spec_of({"a": (0, {5001, 5002}), "b": (3, {6001})}), TUNING)
+    ta, tb = layout.job_table["a"], layout.job_table["b"]
+    assert ta != tb
+    assert layout.links == {
+        (Family.IPV4, 5001): ta, (Family.IPV6, 5001): ta,
+        (Family.IPV4, 5002): ta, (Family.IPV6, 5002): ta,
+        (Family.IPV4, 6001): tb, (Family.IPV6, 6001): tb,
+    }
+    assert layout.table_target == {ta: FIRST_BAND_MINOR, tb: FIRST_BAND_MINOR + 3}
+
+
+def test_apply_to_empty_then_nothing_left_to_do() -> None:
+    layout = desired_layout(spec_of({"a": (0, {5001}), "b": (1, {6001})}), TUNING)
+    ops = diff(empty(), layout)
+    assert sum(isinstance(op, PutClass) for op in ops) == 2 + NUM_BANDS
+    after = simulate(empty(), ops, layout)
+    assert diff(after, layout) == []
+
+
+def test_rotation_is_one_retarget_per_job_that_moved() -> None:
+    spec1 = spec_of({"a": (0, {5001, 5002, 5003}), "b": (1, {6001}), "c": (1, {7001})})
+    layout = desired_layout(spec1, TUNING)
+    spec2 = spec_of({"a": (1, {5001, 5002, 5003}), "b": (0, {6001}), "c": (1, {7001})})
+    planned = retarget_tables(layout, spec2)
+    assert planned is not None
+    new_layout, ops = planned
+    assert ops == [
+        PutTableTarget(layout.job_table["a"], FIRST_BAND_MINOR + 1, create=False),
+        PutTableTarget(layout.job_table["b"], FIRST_BAND_MINOR, create=False),
+    ]
+    after = simulate(simulate(empty(), diff(empty(), layout), layout), ops, new_layout)
+    assert diff(after, desired_layout(spec2, TUNING, previous_tables=layout.job_table)) == []
+
+
+def test_rotation_fast_path_refuses_when_ports_or_jobs_change() -> None:
+    layout = desired_layout(spec_of({"a": (0, {5001}), "b": (1, {6001})}), TUNING)
+    assert retarget_tables(layout, spec_of({"a": (1, {5001, 5009}), "b": (0, {6001})})) is None
+    assert retarget_tables(layout, spec_of({"a": (1, {5001})})) is None
+    assert retarget_tables(layout, spec_of({"a": (1, {5001}), "b": (0, {6002})})) is None
+
+
+def test_duplicate_and_foreign_shaped_filters_are_removed() -> None:
+    layout = desired_layout(spec_of({"a": (0, {5001})}), TUNING)
+    state = simulate(empty(), diff(empty(), layout), layout)
+    htid = layout.job_table["a"]
+    dup = PortLink(Family.IPV4, 0x80000000 | 0x50, 5001, htid)
+    odd = PortLink(Family.IPV4, 0x80000000 | 0x51, None, None)
+    noisy = ActualState(state.root_kind, state.root_handle, state.default_minor, state.classes,
+                        (*state.links, dup, odd), state.tables)
+    ops = diff(noisy, layout)
+    assert ops == [DeleteFilter(Family.IPV4, dup.handle), DeleteFilter(Family.IPV4, odd.handle)]
+
+
+def test_job_leaving_deletes_links_before_its_table() -> None:
+    layout1 = desired_layout(spec_of({"a": (0, {5001}), "b": (1, {6001})}), TUNING)
+    state = simulate(empty(), diff(empty(), layout1), layout1)
+    layout2 = desired_layout(spec_of({"a": (0, {5001})}), TUNING, previous_tables=layout1.job_table)
+    ops = diff(state, layout2)
+    table_delete = ops.index(DeleteFilter(Family.IPV4, u32_table_handle(layout1.job_table["b"])))
+    link_deletes = [i for i, op in enumerate(ops) if isinstance(op, DeleteFilter) and
+                    op.handle >= 0x80000000]
+    assert len(link_deletes) == 2 and max(link_deletes) < table_delete
+    assert diff(simulate(state, ops, layout2), layout2) == []
+
+
+def test_tables_are_stable_across_restarts() -> None:
+    spec = spec_of({"a": (0, {5001}), "b": (1, {6001})})
+    layout = desired_layout(spec, TUNING)
+    state = simulate(empty(), diff(empty(), layout), layout)
+    assert tables_in_use(spec, state) == layout.job_table
+
+
+def test_table_assignment_keeps_previous_and_resolves_collisions() -> None:
+    jobs = [f"job-{i}" for i in range(300)]
+    first = assign_job_tables(jobs, {})
+    assert len(set(first.values())) == 300
+    again = assign_job_tables([*jobs, "newcomer"], first)
+    assert all(again[j] == first[j] for j in jobs)
+    assert again["newcomer"] not in first.values()
+
+
+job_names = st.text(alphabet="abcdefghij-0123456789", min_size=1, max_size=12)
+
+
+@st.composite
+def specs(draw: st.DrawFn) -> DatapathSpec:
+    names = draw(st.lists(job_names, min_size=0, max_size=12, unique=True))
+    ports = iter(draw(st.lists(st.integers(1, 65535), min_size=len(names) * 3,
+                               max_size=len(names) * 3, unique=True)))
+    jobs = {}
+    for name in names:
+        count = draw(st.integers(0, 3))
+        jobs[name] = (draw(st.integers(0, NUM_BANDS - 1)), {next(ports) for _ in range(count)})
+        for _ in range(3 - count):
+            next(ports)
+    return spec_of(jobs)
+
+
+@settings(max_examples=200, deadline=None)
+@given(before=specs(), after=specs())
+def test_diff_converges_from_any_state_in_one_pass(before: DatapathSpec,
+                                                   after: DatapathSpec) -> None:
+    layout1 = desired_layout(before, TUNING)
+    state = simulate(empty(), diff(empty(), layout1), layout1)
+    layout2 = desired_layout(after, TUNING, previous_tables=tables_in_use(after, state))
+    state2 = simulate(state, diff(state, layout2), layout2)
+    assert diff(state2, layout2) == []
+    planned = retarget_tables(layout1, after)
+    if planned is not None:
+        # the fast path and the full reconcile agree
+        fast_state = simulate(state, planned[1], planned[0])
+        assert diff(fast_state, planned[0]) == []
