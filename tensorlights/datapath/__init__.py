@@ -32,4 +32,6 @@ def open_datapath(
             'use backend = "htb"'
         )
     sock = RtnlSocket(netns)
-    return HtbDatapath(sock, RootQdiscRecords(state_dir, netns), take_over_foreign=take_over_foreign)
+    return HtbDatapath(
+        sock, RootQdiscRecords(state_dir, netns), take_over_foreign=take_over_foreign
+    )

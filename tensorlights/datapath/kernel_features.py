@@ -50,6 +50,6 @@ def require_qdisc(kind: str, root: Path = Path("/")) -> None:
     if qdisc_available(kind, root) is False:
         raise UnsupportedKernelError(
             f"the {kind} backend needs the kernel's {QDISC_CONFIG[kind]} (sch_{kind}), and this "
-            f"kernel ({os.uname().release}) was built without it. Use backend = \"htb\", which "
+            f'kernel ({os.uname().release}) was built without it. Use backend = "htb", which '
             "gives the same strict priority plus a guaranteed share for unmanaged traffic."
         )

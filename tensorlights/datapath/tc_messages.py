@@ -160,7 +160,12 @@ def _sport_keys(family: Family, port: int) -> list[tuple[int, int, int]]:
 
 
 def _u32(
-    ifindex: int, major: int, family: Family, handle_: int, create: bool, what: str,
+    ifindex: int,
+    major: int,
+    family: Family,
+    handle_: int,
+    create: bool,
+    what: str,
     *options: bytes,
 ) -> Request:
     payload = _tcmsg(ifindex, handle_, handle(major, 0), _filter_info(family))
@@ -182,7 +187,12 @@ def put_table_target(
     table = u32_table_handle(htid)
     what = f"point job table {htid:x}: at {major:x}:{target_minor:x} on #{ifindex}"
     return _u32(
-        ifindex, major, JOB_TABLE_FAMILY, table | JOB_TABLE_NODE, create, what,
+        ifindex,
+        major,
+        JOB_TABLE_FAMILY,
+        table | JOB_TABLE_NODE,
+        create,
+        what,
         _nla(TCA_U32_HASH, struct.pack("=I", table)),
         _nla(TCA_U32_CLASSID, struct.pack("=I", handle(major, target_minor))),
         _nla(TCA_U32_SEL, _selector(TC_U32_TERMINAL, [(0, 0, 0)])),
@@ -196,7 +206,12 @@ def put_port_link(
     verb = "add" if create else "relink"
     what = f"{verb} {family} sport {port} -> job table {htid:x}: on #{ifindex}"
     return _u32(
-        ifindex, major, family, handle_, create, what,
+        ifindex,
+        major,
+        family,
+        handle_,
+        create,
+        what,
         _nla(TCA_U32_LINK, struct.pack("=I", u32_table_handle(htid))),
         _nla(TCA_U32_SEL, _selector(0, _sport_keys(family, port))),
     )
@@ -285,7 +300,7 @@ def _port_from_selector(family: Family, sel: bytes | None) -> int | None:
     if sel is None or len(sel) < _U32_SEL.size:
         return None
     nkeys = _U32_SEL.unpack_from(sel)[2]
-    keys = set()
+    keys: set[tuple[int, int, int]] = set()
     for index in range(nkeys):
         at = _U32_SEL.size + index * 16
         if at + 16 > len(sel):
@@ -295,7 +310,7 @@ def _port_from_selector(family: Family, sel: bytes | None) -> int | None:
         keys.add((off, mask, val))
     proto = _TCP_MATCH[family]
     sport = (_SPORT_OFFSET[family], 0xFFFF0000)
-    ports = [val >> 16 for off, mask, val in keys if (off, mask) == sport]
+    ports: list[int] = [val >> 16 for off, mask, val in keys if (off, mask) == sport]
     if nkeys == 2 and proto in keys and len(ports) == 1:
         return ports[0]
     return None

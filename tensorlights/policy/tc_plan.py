@@ -373,7 +373,11 @@ def retarget_tables(
             targets[htid] = target
             ops.append(PutTableTarget(htid, target, create=False))
     new_layout = DesiredLayout(
-        layout.major, layout.default_minor, layout.classes, layout.job_table, targets,
+        layout.major,
+        layout.default_minor,
+        layout.classes,
+        layout.job_table,
+        targets,
         layout.links,
     )
     return new_layout, ops

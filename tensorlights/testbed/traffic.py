@@ -98,8 +98,11 @@ def sink(targets: list[str], seconds: float, interval: float) -> int:
 
 
 def main(argv: list[str] | None = None) -> int:
-    parser = argparse.ArgumentParser(prog="tensorlights.testbed.traffic", description=__doc__,
-                                     formatter_class=argparse.RawDescriptionHelpFormatter)
+    parser = argparse.ArgumentParser(
+        prog="tensorlights.testbed.traffic",
+        description=__doc__,
+        formatter_class=argparse.RawDescriptionHelpFormatter,
+    )
     sub = parser.add_subparsers(dest="mode", required=True)
     p_serve = sub.add_parser("serve", help="push bytes from listening ports")
     p_serve.add_argument("--port", type=int, action="append", required=True)

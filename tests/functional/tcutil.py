@@ -40,7 +40,9 @@ def root_qdisc(ns: str, dev: str) -> dict[str, Any]:
     return next(q for q in tc_json(ns, "qdisc", "show", "dev", dev) if q.get("root"))
 
 
-def start_server(pair: netns.HostPair, ports: list[int], seconds: float = 60) -> subprocess.Popen[str]:
+def start_server(
+    pair: netns.HostPair, ports: list[int], seconds: float = 60
+) -> subprocess.Popen[str]:
     args = ["-m", "tensorlights.testbed.traffic", "serve", "--max-seconds", str(seconds)]
     for port in ports:
         args += ["--port", str(port)]
@@ -52,10 +54,18 @@ def start_server(pair: netns.HostPair, ports: list[int], seconds: float = 60) ->
     return proc
 
 
-def start_sink(targets: list[str], seconds: float, interval: float, pair: netns.HostPair
-               ) -> subprocess.Popen[str]:
-    args = ["-m", "tensorlights.testbed.traffic", "sink", "--seconds", str(seconds),
-            "--interval", str(interval)]
+def start_sink(
+    targets: list[str], seconds: float, interval: float, pair: netns.HostPair
+) -> subprocess.Popen[str]:
+    args = [
+        "-m",
+        "tensorlights.testbed.traffic",
+        "sink",
+        "--seconds",
+        str(seconds),
+        "--interval",
+        str(interval),
+    ]
     for target in targets:
         args += ["--connect", target]
     return subprocess.Popen(pair.b.exec_args(PY, *args), stdout=subprocess.PIPE, text=True)

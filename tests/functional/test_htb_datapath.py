@@ -13,7 +13,14 @@ from tensorlights.errors import ForeignQdiscError, InterfaceNotFoundError, Unsup
 from tensorlights.model import DatapathSpec, JobShaping
 from tensorlights.policy.tc_plan import FIRST_BAND_MINOR
 from tensorlights.testbed import netns
-from tests.functional.tcutil import htb_classes, root_qdisc, sink_result, start_server, start_sink, tc_json
+from tests.functional.tcutil import (
+    htb_classes,
+    root_qdisc,
+    sink_result,
+    start_server,
+    start_sink,
+    tc_json,
+)
 
 pytestmark = pytest.mark.root
 
@@ -40,13 +47,65 @@ def test_apply_twice_changes_nothing_and_hand_deletions_are_repaired(
 
     ns = pair.a.ns
     table = first.job_table["job-b"]
-    netns.run(["tc", "-n", ns, "filter", "del", "dev", "veth-a", "parent", "7a1:", "prio", "10",
-               "handle", "800::1", "u32"])
-    netns.run(["tc", "-n", ns, "filter", "del", "dev", "veth-a", "parent", "7a1:", "prio", "10",
-               "handle", f"{table:x}::1", "u32"])
+    netns.run(
+        [
+            "tc",
+            "-n",
+            ns,
+            "filter",
+            "del",
+            "dev",
+            "veth-a",
+            "parent",
+            "7a1:",
+            "prio",
+            "10",
+            "handle",
+            "800::1",
+            "u32",
+        ]
+    )
+    netns.run(
+        [
+            "tc",
+            "-n",
+            ns,
+            "filter",
+            "del",
+            "dev",
+            "veth-a",
+            "parent",
+            "7a1:",
+            "prio",
+            "10",
+            "handle",
+            f"{table:x}::1",
+            "u32",
+        ]
+    )
     netns.run(["tc", "-n", ns, "class", "del", "dev", "veth-a", "classid", "7a1:2"])
-    netns.run(["tc", "-n", ns, "class", "change", "dev", "veth-a", "parent", "7a1:1", "classid",
-               "7a1:13", "htb", "rate", "1mbit", "ceil", "1mbit", "prio", "5"])
+    netns.run(
+        [
+            "tc",
+            "-n",
+            ns,
+            "class",
+            "change",
+            "dev",
+            "veth-a",
+            "parent",
+            "7a1:1",
+            "classid",
+            "7a1:13",
+            "htb",
+            "rate",
+            "1mbit",
+            "ceil",
+            "1mbit",
+            "prio",
+            "5",
+        ]
+    )
     repaired = datapath.apply(two_jobs("job-a"))
     assert len(repaired.ops) == 4, repaired.ops
     assert datapath.apply(two_jobs("job-a")).ops == ()
@@ -79,8 +138,7 @@ def test_green_job_carries_the_link_and_rotation_moves_it(
     try:
         datapath.apply(two_jobs("job-a"))
         interval, seconds, rotate_at = 0.5, 7.0, 3.5
-        sink = start_sink([f"{pair.a.ipv4}:5001", f"[{pair.a.ipv6}]:5002"], seconds, interval,
-                          pair)
+        sink = start_sink([f"{pair.a.ipv4}:5001", f"[{pair.a.ipv6}]:5002"], seconds, interval, pair)
         time.sleep(rotate_at)  # a wall-clock experiment: the sink records what happens when
         rotation = datapath.rotate(two_jobs("job-b"))
         result = sink_result(sink, timeout=seconds + 10)
@@ -108,7 +166,8 @@ def test_rotation_under_load_keeps_connections_and_drops_nothing(
 ) -> None:
     ports = [5001, 5002, 5003]
     spec_of = lambda green: DatapathSpec(  # noqa: E731
-        "veth-a", RATE,
+        "veth-a",
+        RATE,
         tuple(JobShaping(f"job-{p}", 0 if p == green else 1, frozenset({p})) for p in ports),
     )
     server = start_server(pair, ports)
@@ -140,8 +199,27 @@ def test_foreign_root_qdisc_is_refused_then_taken_over_and_restored(
     pair: netns.HostPair, tmp_path: Path
 ) -> None:
     ns = pair.a.ns
-    netns.run(["tc", "-n", ns, "qdisc", "add", "dev", "veth-a", "root", "handle", "5:", "tbf",
-               "rate", "50mbit", "burst", "32kb", "latency", "40ms"])
+    netns.run(
+        [
+            "tc",
+            "-n",
+            ns,
+            "qdisc",
+            "add",
+            "dev",
+            "veth-a",
+            "root",
+            "handle",
+            "5:",
+            "tbf",
+            "rate",
+            "50mbit",
+            "burst",
+            "32kb",
+            "latency",
+            "40ms",
+        ]
+    )
     original = root_qdisc(ns, "veth-a")
 
     polite = open_datapath("htb", tmp_path / "state", netns=ns)
@@ -164,8 +242,9 @@ def test_foreign_root_qdisc_is_refused_then_taken_over_and_restored(
     assert [restored[k] for k in config] == [original[k] for k in config]
 
 
-def test_cleanup_brings_back_the_kernel_default(pair: netns.HostPair, datapath: HtbDatapath
-                                                 ) -> None:
+def test_cleanup_brings_back_the_kernel_default(
+    pair: netns.HostPair, datapath: HtbDatapath
+) -> None:
     before = root_qdisc(pair.a.ns, "veth-a")
     datapath.apply(two_jobs("job-a"))
     assert "kernel default" in datapath.cleanup("veth-a")
@@ -178,12 +257,36 @@ def test_filters_of_others_in_our_qdisc_are_left_alone(
     pair: netns.HostPair, datapath: HtbDatapath
 ) -> None:
     datapath.apply(two_jobs("job-a"))
-    netns.run(["tc", "-n", pair.a.ns, "filter", "add", "dev", "veth-a", "parent", "7a1:",
-               "prio", "5", "protocol", "ip", "u32", "match", "ip", "dport", "22", "0xffff",
-               "flowid", f"7a1:{FIRST_BAND_MINOR:x}"])
+    netns.run(
+        [
+            "tc",
+            "-n",
+            pair.a.ns,
+            "filter",
+            "add",
+            "dev",
+            "veth-a",
+            "parent",
+            "7a1:",
+            "prio",
+            "5",
+            "protocol",
+            "ip",
+            "u32",
+            "match",
+            "ip",
+            "dport",
+            "22",
+            "0xffff",
+            "flowid",
+            f"7a1:{FIRST_BAND_MINOR:x}",
+        ]
+    )
     assert datapath.apply(two_jobs("job-b")).ops
-    prios = {f.get("pref") for f in tc_json(pair.a.ns, "filter", "show", "dev", "veth-a",
-                                            "parent", "7a1:")}
+    prios = {
+        f.get("pref")
+        for f in tc_json(pair.a.ns, "filter", "show", "dev", "veth-a", "parent", "7a1:")
+    }
     assert 5 in prios
 
 

@@ -76,8 +76,9 @@ def simulate(actual: ActualState, ops: list[TcOp], layout: DesiredLayout) -> Act
                     del links[(family, handle & 0xFFF)]
     for link in links.values():
         assert link.htid in tables, "a link must never point at a missing table"
-    return ActualState("htb", 0x7A10000, layout.default_minor, classes, tuple(links.values()),
-                       tables)
+    return ActualState(
+        "htb", 0x7A10000, layout.default_minor, classes, tuple(links.values()), tables
+    )
 
 
 def empty() -> ActualState:
@@ -106,9 +107,12 @@ def test_each_port_links_both_families_to_its_jobs_table() -> None:
     ta, tb = layout.job_table["a"], layout.job_table["b"]
     assert ta != tb
     assert layout.links == {
-        (Family.IPV4, 5001): ta, (Family.IPV6, 5001): ta,
-        (Family.IPV4, 5002): ta, (Family.IPV6, 5002): ta,
-        (Family.IPV4, 6001): tb, (Family.IPV6, 6001): tb,
+        (Family.IPV4, 5001): ta,
+        (Family.IPV6, 5001): ta,
+        (Family.IPV4, 5002): ta,
+        (Family.IPV6, 5002): ta,
+        (Family.IPV4, 6001): tb,
+        (Family.IPV6, 6001): tb,
     }
     assert layout.table_target == {ta: FIRST_BAND_MINOR, tb: FIRST_BAND_MINOR + 3}
 
@@ -149,8 +153,14 @@ def test_duplicate_and_foreign_shaped_filters_are_removed() -> None:
     htid = layout.job_table["a"]
     dup = PortLink(Family.IPV4, 0x80000000 | 0x50, 5001, htid)
     odd = PortLink(Family.IPV4, 0x80000000 | 0x51, None, None)
-    noisy = ActualState(state.root_kind, state.root_handle, state.default_minor, state.classes,
-                        (*state.links, dup, odd), state.tables)
+    noisy = ActualState(
+        state.root_kind,
+        state.root_handle,
+        state.default_minor,
+        state.classes,
+        (*state.links, dup, odd),
+        state.tables,
+    )
     ops = diff(noisy, layout)
     assert ops == [DeleteFilter(Family.IPV4, dup.handle), DeleteFilter(Family.IPV4, odd.handle)]
 
@@ -161,8 +171,9 @@ def test_job_leaving_deletes_links_before_its_table() -> None:
     layout2 = desired_layout(spec_of({"a": (0, {5001})}), TUNING, previous_tables=layout1.job_table)
     ops = diff(state, layout2)
     table_delete = ops.index(DeleteFilter(Family.IPV4, u32_table_handle(layout1.job_table["b"])))
-    link_deletes = [i for i, op in enumerate(ops) if isinstance(op, DeleteFilter) and
-                    op.handle >= 0x80000000]
+    link_deletes = [
+        i for i, op in enumerate(ops) if isinstance(op, DeleteFilter) and op.handle >= 0x80000000
+    ]
     assert len(link_deletes) == 2 and max(link_deletes) < table_delete
     assert diff(simulate(state, ops, layout2), layout2) == []
 
@@ -189,8 +200,13 @@ job_names = st.text(alphabet="abcdefghij-0123456789", min_size=1, max_size=12)
 @st.composite
 def specs(draw: st.DrawFn) -> DatapathSpec:
     names = draw(st.lists(job_names, min_size=0, max_size=12, unique=True))
-    ports = iter(draw(st.lists(st.integers(1, 65535), min_size=len(names) * 3,
-                               max_size=len(names) * 3, unique=True)))
+    ports = iter(
+        draw(
+            st.lists(
+                st.integers(1, 65535), min_size=len(names) * 3, max_size=len(names) * 3, unique=True
+            )
+        )
+    )
     jobs = {}
     for name in names:
         count = draw(st.integers(0, 3))
@@ -202,8 +218,9 @@ def specs(draw: st.DrawFn) -> DatapathSpec:
 
 @settings(max_examples=200, deadline=None)
 @given(before=specs(), after=specs())
-def test_diff_converges_from_any_state_in_one_pass(before: DatapathSpec,
-                                                   after: DatapathSpec) -> None:
+def test_diff_converges_from_any_state_in_one_pass(
+    before: DatapathSpec, after: DatapathSpec
+) -> None:
     layout1 = desired_layout(before, TUNING)
     state = simulate(empty(), diff(empty(), layout1), layout1)
     layout2 = desired_layout(after, TUNING, previous_tables=tables_in_use(after, state))

@@ -13,8 +13,15 @@ from tensorlights.units import format_rate, parse_duration, parse_rate
 
 @pytest.mark.parametrize(
     ("text", "bits"),
-    [("200mbit", 200_000_000), ("10gbit", 10_000_000_000), ("1.5gbit", 1_500_000_000),
-     ("800", 800), ("100kbit", 100_000), ("1mbps", 8_000_000), (" 300Mbit ", 300_000_000)],
+    [
+        ("200mbit", 200_000_000),
+        ("10gbit", 10_000_000_000),
+        ("1.5gbit", 1_500_000_000),
+        ("800", 800),
+        ("100kbit", 100_000),
+        ("1mbps", 8_000_000),
+        (" 300Mbit ", 300_000_000),
+    ],
 )
 def test_parse_rate(text: str, bits: int) -> None:
     assert parse_rate(text) == bits
@@ -46,8 +53,11 @@ def test_format_rate_round_trips_to_within_a_percent(bits: int) -> None:
 
 def test_spec_rejects_port_in_two_jobs() -> None:
     with pytest.raises(ConfigError, match="port 5001"):
-        DatapathSpec("eth0", 10**9, (JobShaping("a", 0, frozenset({5001})),
-                                     JobShaping("b", 1, frozenset({5001}))))
+        DatapathSpec(
+            "eth0",
+            10**9,
+            (JobShaping("a", 0, frozenset({5001})), JobShaping("b", 1, frozenset({5001}))),
+        )
 
 
 @pytest.mark.parametrize(

@@ -1,0 +1,36 @@
+"""Shared bits of the command-line tools: error reporting and JSON output."""
+
+from __future__ import annotations
+
+import functools
+import json
+import sys
+from collections.abc import Callable
+from typing import Any, TypeVar
+
+import click
+
+from tensorlights.errors import TensorLightsError
+
+F = TypeVar("F", bound=Callable[..., Any])
+
+
+def reports_errors(func: F) -> F:
+    """Turn our typed errors into one clear line on stderr and exit code 1 (no traceback)."""
+
+    @functools.wraps(func)
+    def wrapper(*args: Any, **kwargs: Any) -> Any:
+        try:
+            return func(*args, **kwargs)
+        except TensorLightsError as exc:
+            click.echo(f"error: {exc}", err=True)
+            sys.exit(1)
+        except PermissionError as exc:
+            click.echo(f"error: {exc}. Run as root (or with CAP_NET_ADMIN).", err=True)
+            sys.exit(1)
+
+    return wrapper  # type: ignore[return-value]
+
+
+def echo_json(data: Any) -> None:
+    click.echo(json.dumps(data, indent=2, sort_keys=True))
