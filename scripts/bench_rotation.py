@@ -26,7 +26,7 @@ from pathlib import Path
 from tensorlights.datapath import open_datapath
 from tensorlights.datapath.htb import HtbDatapath
 from tensorlights.model import NUM_BANDS, DatapathSpec, JobShaping
-from tensorlights.testbed import netns
+from tensorlights.testbed import netns, traffic
 
 RATE = 200_000_000
 LOADED_PORTS = [5001, 5002, 5003]
@@ -216,33 +216,10 @@ def main() -> int:
     sizes = [int(n) for n in args.jobs.split(",")]
     rows = []
     with netns.host_pair() as pair, tempfile.TemporaryDirectory() as state:
-        server = subprocess.Popen(
-            pair.a.exec_args(
-                sys.executable,
-                "-m",
-                "tensorlights.testbed.traffic",
-                "serve",
-                *[arg for p in LOADED_PORTS for arg in ("--port", str(p))],
-                "--max-seconds",
-                "3600",
-            ),
-            stdout=subprocess.PIPE,
-            text=True,
-        )
-        assert server.stdout is not None and server.stdout.readline().strip() == "ready"
+        server = traffic.start_server(pair.a.ns, LOADED_PORTS, max_seconds=3600)
+        targets = [f"{pair.a.ipv4}:{port}" for port in LOADED_PORTS]
         sink = subprocess.Popen(
-            pair.b.exec_args(
-                sys.executable,
-                "-m",
-                "tensorlights.testbed.traffic",
-                "sink",
-                *[arg for p in LOADED_PORTS for arg in ("--connect", f"{pair.a.ipv4}:{p}")],
-                "--seconds",
-                "3600",
-                "--interval",
-                "10",
-            ),
-            stdout=subprocess.DEVNULL,
+            pair.b.exec_args(*traffic.sink_command(targets, 3600, 10)), stdout=subprocess.DEVNULL
         )
         try:
             for jobs in sizes:

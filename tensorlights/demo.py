@@ -10,6 +10,8 @@ the agent land, the demo tells the datapath the PS ports itself (5001 and 5002).
 from __future__ import annotations
 
 import argparse
+import json
+import subprocess
 import sys
 import tempfile
 import threading
@@ -20,29 +22,16 @@ from rich.table import Table
 
 from tensorlights.datapath import open_datapath
 from tensorlights.model import DatapathSpec, JobShaping
-from tensorlights.testbed import netns
+from tensorlights.testbed import netns, traffic
 from tensorlights.units import parse_duration, parse_rate
 
 JOBS = {"job-a": 5001, "job-b": 5002}
 
 
 def _run_phase(pair: netns.HostPair, seconds: float) -> dict[str, list[float]]:
-    import json
-    import subprocess
-
-    args = [
-        sys.executable,
-        "-m",
-        "tensorlights.testbed.traffic",
-        "sink",
-        "--seconds",
-        str(seconds),
-        "--interval",
-        "1",
-    ]
-    for port in JOBS.values():
-        args += ["--connect", f"{pair.a.ipv4}:{port}"]
-    out = subprocess.run(pair.b.exec_args(*args), capture_output=True, text=True, check=True)
+    targets = [f"{pair.a.ipv4}:{port}" for port in JOBS.values()]
+    command = traffic.sink_command(targets, seconds, interval=1)
+    out = subprocess.run(pair.b.exec_args(*command), capture_output=True, text=True, check=True)
     flows = json.loads(out.stdout)["flows"]
     return {
         job: [b * 8 / 1e6 for b in flows[f"{pair.a.ipv4}:{port}"]] for job, port in JOBS.items()
@@ -76,29 +65,10 @@ def main(argv: list[str] | None = None) -> int:
     rotate_every = parse_duration(args.rotate_every)
     console = Console()
     console.print(f"[bold]TensorLights datapath demo[/]: 2 jobs, one {args.rate} host link")
-    import subprocess
-
     with netns.host_pair() as pair, tempfile.TemporaryDirectory() as state:
-        server = subprocess.Popen(
-            pair.a.exec_args(
-                sys.executable,
-                "-m",
-                "tensorlights.testbed.traffic",
-                "serve",
-                "--port",
-                "5001",
-                "--port",
-                "5002",
-                "--max-seconds",
-                "120",
-            ),
-            stdout=subprocess.PIPE,
-            text=True,
-        )
+        server = traffic.start_server(pair.a.ns, list(JOBS.values()))
         try:
-            assert server.stdout is not None and server.stdout.readline().strip() == "ready"
-            # FIFO baseline: a plain TBF-like limit is what the link does; shape with our HTB
-            # but every job in the same band, which is FIFO between the two PS flows.
+            # Baseline: every job in the same band, i.e. FIFO between the two PS flows.
             datapath = open_datapath("htb", Path(state), netns=pair.a.ns)
             same_band = DatapathSpec(
                 "veth-a",

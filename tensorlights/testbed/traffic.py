@@ -15,6 +15,7 @@ import argparse
 import json
 import selectors
 import socket
+import subprocess
 import sys
 import time
 
@@ -95,6 +96,32 @@ def sink(targets: list[str], seconds: float, interval: float) -> int:
         key.fileobj.close()  # type: ignore[union-attr]
     print(json.dumps({"interval": interval, "flows": flows, "resets": resets, "errors": errors}))
     return 0
+
+
+def serve_command(ports: list[int], max_seconds: float = 120.0) -> list[str]:
+    args = [sys.executable, "-m", "tensorlights.testbed.traffic", "serve"]
+    args += [arg for port in ports for arg in ("--port", str(port))]
+    return [*args, "--max-seconds", str(max_seconds)]
+
+
+def sink_command(targets: list[str], seconds: float, interval: float) -> list[str]:
+    args = [sys.executable, "-m", "tensorlights.testbed.traffic", "sink"]
+    args += [arg for target in targets for arg in ("--connect", target)]
+    return [*args, "--seconds", str(seconds), "--interval", str(interval)]
+
+
+def start_server(ns: str, ports: list[int], max_seconds: float = 120.0) -> subprocess.Popen[str]:
+    """Start `serve` in namespace `ns` and return once its ports listen."""
+    proc = subprocess.Popen(
+        ["ip", "netns", "exec", ns, *serve_command(ports, max_seconds)],
+        stdout=subprocess.PIPE,
+        text=True,
+    )
+    assert proc.stdout is not None
+    if proc.stdout.readline().strip() != "ready":
+        proc.kill()
+        raise RuntimeError(f"traffic server in {ns} did not start (exit {proc.wait()})")
+    return proc
 
 
 def main(argv: list[str] | None = None) -> int:

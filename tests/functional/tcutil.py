@@ -6,13 +6,9 @@ from __future__ import annotations
 import json
 import re
 import subprocess
-import sys
-import time
 from typing import Any
 
-from tensorlights.testbed import netns
-
-PY = sys.executable
+from tensorlights.testbed import netns, traffic
 
 
 def tc_json(ns: str, *args: str) -> list[dict[str, Any]]:
@@ -40,35 +36,15 @@ def root_qdisc(ns: str, dev: str) -> dict[str, Any]:
     return next(q for q in tc_json(ns, "qdisc", "show", "dev", dev) if q.get("root"))
 
 
-def start_server(
-    pair: netns.HostPair, ports: list[int], seconds: float = 60
-) -> subprocess.Popen[str]:
-    args = ["-m", "tensorlights.testbed.traffic", "serve", "--max-seconds", str(seconds)]
-    for port in ports:
-        args += ["--port", str(port)]
-    proc = subprocess.Popen(pair.a.exec_args(PY, *args), stdout=subprocess.PIPE, text=True)
-    assert proc.stdout is not None
-    deadline = time.monotonic() + 10
-    line = proc.stdout.readline()
-    assert line.strip() == "ready" and time.monotonic() < deadline, "traffic server did not start"
-    return proc
+def start_server(pair: netns.HostPair, ports: list[int]) -> subprocess.Popen[str]:
+    return traffic.start_server(pair.a.ns, ports, max_seconds=60)
 
 
 def start_sink(
     targets: list[str], seconds: float, interval: float, pair: netns.HostPair
 ) -> subprocess.Popen[str]:
-    args = [
-        "-m",
-        "tensorlights.testbed.traffic",
-        "sink",
-        "--seconds",
-        str(seconds),
-        "--interval",
-        str(interval),
-    ]
-    for target in targets:
-        args += ["--connect", target]
-    return subprocess.Popen(pair.b.exec_args(PY, *args), stdout=subprocess.PIPE, text=True)
+    command = traffic.sink_command(targets, seconds, interval)
+    return subprocess.Popen(pair.b.exec_args(*command), stdout=subprocess.PIPE, text=True)
 
 
 def sink_result(proc: subprocess.Popen[str], timeout: float) -> dict[str, Any]:
