@@ -12,6 +12,8 @@ import struct
 from dataclasses import dataclass
 from typing import Any
 
+from pyroute2.netlink.rtnl.tcmsg import tcmsg
+
 from tensorlights.datapath import tc_messages as tcm
 from tensorlights.datapath.netlink import (
     NLMSG_HDR,
@@ -69,8 +71,6 @@ class ApplyResult:
 
 
 class HtbDatapath:
-    kind = "htb"
-
     def __init__(
         self,
         sock: RtnlSocket,
@@ -207,7 +207,10 @@ class HtbDatapath:
                 "Remove it, or allow the takeover (take_over_foreign_qdisc = true / "
                 "--take-over-foreign-qdisc); cleanup will restore it."
             )
-        options = _raw_attr(raw, tcm.TCA_OPTIONS) if raw is not None and not is_default else b""
+        options = b""
+        if raw is not None and not is_default:
+            header = NLMSG_HDR.size + _TCMSG_SIZE
+            options = tcm.attributes(raw, header).get(tcm.TCA_OPTIONS, b"")
         previous = PreviousRootQdisc(
             kind=actual.root_kind or "none",
             handle=actual.root_handle,
@@ -260,21 +263,6 @@ class HtbDatapath:
 
 
 def tcm_decode(raw: bytes) -> Any:
-    from pyroute2.netlink.rtnl.tcmsg import tcmsg
-
     msg = tcmsg(raw)
     msg.decode()
     return msg
-
-
-def _raw_attr(raw: bytes, attr_type: int) -> bytes:
-    """Payload of a top-level attribute of a raw tc message (nested flag ignored)."""
-    offset = NLMSG_HDR.size + _TCMSG_SIZE
-    while offset + 4 <= len(raw):
-        length, kind = struct.unpack_from("=HH", raw, offset)
-        if length < 4:
-            break
-        if kind & 0x3FFF == attr_type:
-            return raw[offset + 4 : offset + length]
-        offset += (length + 3) & ~3
-    return b""
