@@ -1,246 +1,33 @@
-"""One rtnetlink socket: batched requests with per-message acks, and decoded dumps.
-
-Why not pyroute2's request path for writes: it encodes a tc message in ~0.5-1 ms of Python
-(it computes rate tables we do not need), so 16 class changes would take ~10 ms. Requests here
-are packed with `struct` (tc_messages.py), concatenated, and sent in one sendmsg(); the kernel
-processes them in order and acks each. Dumps are decoded with pyroute2's message classes.
-"""
+"""The NETLINK_ROUTE socket of the datapath: the generic transport plus decoded tc and link
+dumps (pyroute2's message classes decode; netlink_io.py sends and receives)."""
 
 from __future__ import annotations
 
-import ctypes
 import errno as errno_mod
-import os
 import socket
 import struct
-import threading
-from collections.abc import Iterator
-from dataclasses import dataclass
 from typing import Any
 
 from pyroute2.netlink.rtnl.ifinfmsg import ifinfmsg
 from pyroute2.netlink.rtnl.tcmsg import tcmsg
 
-from tensorlights.errors import (
-    NetlinkRequestError,
-    NetlinkResyncNeededError,
-    PermanentError,
-    TransientError,
-)
+from tensorlights.errors import NetlinkRequestError
+from tensorlights.netlink_io import NETLINK_ROUTE, NLMSG_HDR, NetlinkSocket, Request
 
-NETLINK_ROUTE = 0
-NLMSG_HDR = struct.Struct("=IHHII")
-NLMSG_ERROR = 2
-NLMSG_DONE = 3
-NLM_F_REQUEST = 0x1
-NLM_F_MULTI = 0x2
-NLM_F_ACK = 0x4
-NLM_F_DUMP_INTR = 0x10
-NLM_F_ROOT = 0x100
-NLM_F_MATCH = 0x200
-NLM_F_DUMP = NLM_F_ROOT | NLM_F_MATCH
-NLM_F_CAPPED = 0x100
-NLM_F_ACK_TLVS = 0x200
-NLMSGERR_ATTR_MSG = 1
-SOL_NETLINK = 270
-NETLINK_CAP_ACK = 10
-NETLINK_EXT_ACK = 11
+__all__ = ["NLMSG_HDR", "Request", "RtnlSocket"]
+
 RTM_GETLINK = 18
 IFLA_IFNAME = 3
 RTM_GETQDISC = 38
 RTM_GETTCLASS = 42
 RTM_GETTFILTER = 46
-CLONE_NEWNET = 0x40000000
-RCVBUF_BYTES = 8 * 1024 * 1024
-
-_TRANSIENT_ERRNOS = {errno_mod.ENOBUFS, errno_mod.EAGAIN, errno_mod.EBUSY, errno_mod.EINTR}
 
 
-@dataclass(frozen=True)
-class Request:
-    """One encoded netlink message (without header) and what it does, for error messages."""
-
-    msg_type: int
-    flags: int
-    payload: bytes
-    what: str
-
-
-def _open_socket() -> socket.socket:
-    sock = socket.socket(socket.AF_NETLINK, socket.SOCK_RAW, NETLINK_ROUTE)
-    sock.setsockopt(socket.SOL_SOCKET, socket.SO_RCVBUF, RCVBUF_BYTES)
-    sock.setsockopt(SOL_NETLINK, NETLINK_CAP_ACK, 1)
-    sock.setsockopt(SOL_NETLINK, NETLINK_EXT_ACK, 1)
-    sock.bind((0, 0))
-    return sock
-
-
-def _open_socket_in_netns(netns: str) -> socket.socket:
-    """Create the socket from a helper thread that first joins the namespace: a socket stays
-    in the namespace it was created in, and setns() only moves the calling thread."""
-    path = netns if netns.startswith("/") else f"/run/netns/{netns}"
-    result: list[socket.socket | BaseException] = []
-
-    def worker() -> None:
-        try:
-            libc = ctypes.CDLL(None, use_errno=True)
-            fd = os.open(path, os.O_RDONLY)
-            try:
-                if libc.setns(fd, CLONE_NEWNET) != 0:
-                    err = ctypes.get_errno()
-                    raise OSError(err, f"setns({path}): {os.strerror(err)}")
-            finally:
-                os.close(fd)
-            result.append(_open_socket())
-        except BaseException as exc:  # handed to the caller's thread
-            result.append(exc)
-
-    thread = threading.Thread(target=worker, name=f"netns-{netns}")
-    thread.start()
-    thread.join()
-    outcome = result[0]
-    if isinstance(outcome, BaseException):
-        if isinstance(outcome, FileNotFoundError):
-            raise PermanentError(f"network namespace {netns!r} does not exist") from outcome
-        raise outcome
-    return outcome
-
-
-class RtnlSocket:
+class RtnlSocket(NetlinkSocket):
     """A NETLINK_ROUTE socket in the current or a named network namespace."""
 
     def __init__(self, netns: str | None = None) -> None:
-        self.netns = netns
-        self._sock = _open_socket_in_netns(netns) if netns else _open_socket()
-        self._seq = 0
-        self._lock = threading.Lock()
-
-    def close(self) -> None:
-        self._sock.close()
-
-    def __enter__(self) -> RtnlSocket:
-        return self
-
-    def __exit__(self, *exc: object) -> None:
-        self.close()
-
-    def _next_seq(self) -> int:
-        self._seq = (self._seq + 1) & 0xFFFFFFFF or 1
-        return self._seq
-
-    def _recv(self) -> bytes:
-        try:
-            return self._sock.recv(1 << 20)
-        except OSError as exc:
-            if exc.errno == errno_mod.ENOBUFS:
-                raise NetlinkResyncNeededError("netlink socket overran (ENOBUFS)") from exc
-            raise
-
-    def _drain(self) -> None:
-        """Discard anything left from an earlier failed exchange."""
-        self._sock.setblocking(False)
-        try:
-            while True:
-                self._sock.recv(1 << 20)
-        except (BlockingIOError, InterruptedError):
-            pass
-        finally:
-            self._sock.setblocking(True)
-
-    def execute(self, requests: list[Request]) -> None:
-        """Send all requests in one sendmsg(); wait for every ack. The first failure raises
-        (the kernel still processes the others: callers re-read state after an error)."""
-        if not requests:
-            return
-        with self._lock:
-            self._drain()
-            seqs: dict[int, Request] = {}
-            chunks = []
-            for req in requests:
-                seq = self._next_seq()
-                seqs[seq] = req
-                chunks.append(
-                    NLMSG_HDR.pack(
-                        NLMSG_HDR.size + len(req.payload),
-                        req.msg_type,
-                        req.flags | NLM_F_REQUEST | NLM_F_ACK,
-                        seq,
-                        0,
-                    )
-                )
-                chunks.append(req.payload)
-            try:
-                self._sock.sendall(b"".join(chunks))
-            except OSError as exc:
-                raise _map_errno("sending netlink batch", exc.errno or 0, "") from exc
-            first_error: NetlinkRequestError | TransientError | None = None
-            pending = len(seqs)
-            while pending:
-                data = self._recv()
-                for msg_type, flags, seq, body in _split(data):
-                    if msg_type != NLMSG_ERROR or seq not in seqs:
-                        continue
-                    pending -= 1
-                    code = struct.unpack_from("=i", body)[0]
-                    if code and first_error is None:
-                        first_error = _map_errno(seqs[seq].what, -code, _extack(flags, body))
-            if first_error is not None:
-                raise first_error
-
-    def dump(self, msg_type: int, payload: bytes) -> list[bytes]:
-        """Raw messages of a dump. NLM_F_DUMP_INTR (state changed meanwhile) -> resync."""
-        with self._lock:
-            self._drain()
-            seq = self._next_seq()
-            header = NLMSG_HDR.pack(
-                NLMSG_HDR.size + len(payload), msg_type, NLM_F_REQUEST | NLM_F_DUMP, seq, 0
-            )
-            self._sock.sendall(header + payload)
-            messages: list[bytes] = []
-            interrupted = False
-            while True:
-                data = self._recv()
-                offset = 0
-                while offset + NLMSG_HDR.size <= len(data):
-                    length, mtype, flags, mseq, _ = NLMSG_HDR.unpack_from(data, offset)
-                    if length < NLMSG_HDR.size:
-                        raise NetlinkResyncNeededError("malformed netlink message in dump")
-                    chunk = data[offset : offset + length]
-                    offset += (length + 3) & ~3
-                    if mseq != seq:
-                        continue
-                    interrupted |= bool(flags & NLM_F_DUMP_INTR)
-                    if mtype == NLMSG_DONE:
-                        if interrupted:
-                            raise NetlinkResyncNeededError("dump interrupted (NLM_F_DUMP_INTR)")
-                        return messages
-                    if mtype == NLMSG_ERROR:
-                        code = struct.unpack_from("=i", chunk, NLMSG_HDR.size)[0]
-                        if code:
-                            raise _map_errno(f"dump of type {msg_type}", -code, "")
-                        continue
-                    messages.append(chunk)
-
-    def request_one(self, msg_type: int, payload: bytes, what: str) -> bytes:
-        """A GET that answers with one message (not a dump)."""
-        with self._lock:
-            self._drain()
-            seq = self._next_seq()
-            header = NLMSG_HDR.pack(NLMSG_HDR.size + len(payload), msg_type, NLM_F_REQUEST, seq, 0)
-            self._sock.sendall(header + payload)
-            while True:
-                data = self._recv()
-                offset = 0
-                while offset + NLMSG_HDR.size <= len(data):
-                    length, mtype, flags, mseq, _ = NLMSG_HDR.unpack_from(data, offset)
-                    chunk = data[offset : offset + length]
-                    offset += (length + 3) & ~3
-                    if mseq != seq:
-                        continue
-                    if mtype == NLMSG_ERROR:
-                        code = struct.unpack_from("=i", chunk, NLMSG_HDR.size)[0]
-                        raise _map_errno(what, -code, _extack(flags, chunk[NLMSG_HDR.size :]))
-                    return chunk
+        super().__init__(NETLINK_ROUTE, netns)
 
     # Decoded dumps ---------------------------------------------------------------------
 
@@ -269,37 +56,3 @@ class RtnlSocket:
         msg = ifinfmsg(raw)
         msg.decode()
         return msg
-
-
-def _split(data: bytes) -> Iterator[tuple[int, int, int, bytes]]:
-    offset = 0
-    while offset + NLMSG_HDR.size <= len(data):
-        length, msg_type, flags, seq, _ = NLMSG_HDR.unpack_from(data, offset)
-        if length < NLMSG_HDR.size:
-            return
-        yield msg_type, flags, seq, data[offset + NLMSG_HDR.size : offset + length]
-        offset += (length + 3) & ~3
-
-
-def _extack(flags: int, body: bytes) -> str:
-    """The kernel's human-readable reason (NLMSGERR_ATTR_MSG), if it sent one."""
-    if not flags & NLM_F_ACK_TLVS:
-        return ""
-    offset = 4 + NLMSG_HDR.size  # error code + original header (payload capped)
-    if not flags & NLM_F_CAPPED:
-        orig_len = struct.unpack_from("=I", body, 4)[0]
-        offset = 4 + ((orig_len + 3) & ~3)
-    while offset + 4 <= len(body):
-        nla_len, nla_type = struct.unpack_from("=HH", body, offset)
-        if nla_len < 4:
-            break
-        if nla_type & 0x3FFF == NLMSGERR_ATTR_MSG:
-            return body[offset + 4 : offset + nla_len].split(b"\0", 1)[0].decode(errors="replace")
-        offset += (nla_len + 3) & ~3
-    return ""
-
-
-def _map_errno(what: str, code: int, detail: str) -> NetlinkRequestError | TransientError:
-    if code in _TRANSIENT_ERRNOS:
-        return TransientError(f"{what}: {os.strerror(code)} {detail}".strip())
-    return NetlinkRequestError(what, code, detail or os.strerror(code))
