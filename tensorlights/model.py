@@ -87,3 +87,75 @@ class PreviousRootQdisc:
     handle: int
     is_default: bool
     options: bytes = field(default=b"", repr=False)
+
+
+@dataclass(frozen=True)
+class PsConnection:
+    """An established connection of a PS: its local port and the worker at the other end."""
+
+    local_port: int
+    peer_addr: str
+    peer_port: int
+
+
+@dataclass(frozen=True)
+class PsTask:
+    """One parameter-server process found on this host, and its TCP sockets now."""
+
+    pid: int
+    create_time: float
+    """Seconds since the epoch; with `pid` it names the process (a reused PID differs)."""
+    job: str
+    source: str
+    """What identified it: env, rule:<name>, tf_config, dmlc, torch, slurm, or parent:<pid>."""
+    netns: int
+    """Inode of its network namespace."""
+    in_agent_netns: bool
+    listen_ports: frozenset[int]
+    connections: tuple[PsConnection, ...]
+    peers: tuple[str, ...] = ()
+    """Worker endpoints named by the job's launcher (TF_CONFIG), when it names them."""
+    stale: bool = False
+    """True when this scan could not read its sockets and these are the last ones known."""
+
+    @property
+    def local_ports(self) -> frozenset[int]:
+        return self.listen_ports | {conn.local_port for conn in self.connections}
+
+
+@dataclass(frozen=True)
+class DiscoverySnapshot:
+    """Everything one discovery scan found."""
+
+    tasks: tuple[PsTask, ...]
+    members: tuple[tuple[str, str, int], ...] = ()
+    """(job, role, local process count) for every training process found, PS or not."""
+    problems: tuple[str, ...] = ()
+    """Processes that look like training jobs but could not be identified, and why."""
+
+    def jobs(self) -> tuple[str, ...]:
+        return tuple(sorted({task.job for task in self.tasks}))
+
+    def _ports_by_job(self) -> dict[str, set[int]]:
+        ports: dict[str, set[int]] = {}
+        for task in self.tasks:
+            if task.in_agent_netns:
+                ports.setdefault(task.job, set()).update(task.local_ports)
+        return ports
+
+    def contested_ports(self) -> frozenset[int]:
+        """Local ports that PS sockets of more than one job use at once. The kernel lets
+        connections to different peers share an ephemeral port, so this happens; a source
+        port filter cannot tell those jobs apart, so such a port is given to no job."""
+        seen: set[int] = set()
+        contested: set[int] = set()
+        for ports in self._ports_by_job().values():
+            contested |= seen & ports
+            seen |= ports
+        return frozenset(contested)
+
+    def job_ports(self) -> dict[str, frozenset[int]]:
+        """Local ports of each job's PS sockets in the agent's own network namespace (the
+        ones its interface's egress filters can see), less the contested ones."""
+        contested = self.contested_ports()
+        return {job: frozenset(ports - contested) for job, ports in self._ports_by_job().items()}

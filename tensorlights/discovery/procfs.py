@@ -1,0 +1,162 @@
+"""Reading processes: psutil for the once-per-process facts, /proc directly on the hot path.
+
+A process is identified by (pid, start time in clock ticks since boot): the pair never repeats,
+so a reused PID is a different process. Every reader raises `ProcessGone` when the process
+vanished and `ProcessHidden` when it exists but cannot be read; callers never take either as
+"this process has no sockets".
+"""
+
+from __future__ import annotations
+
+import os
+import time
+from dataclasses import dataclass
+from pathlib import Path
+
+import psutil
+
+from tensorlights.discovery.rules import ProcessFacts
+
+SOCKET_LINK_PREFIX = "socket:["
+
+
+class ProcessGone(Exception):
+    """The process exited (or its PID now belongs to another process)."""
+
+
+class ProcessHidden(Exception):
+    """The process exists but we may not read it (permissions, hidepid, LSM)."""
+
+
+@dataclass(frozen=True, slots=True)
+class ProcKey:
+    pid: int
+    start_ticks: int
+
+
+@dataclass(frozen=True, slots=True)
+class ProcStat:
+    key: ProcKey
+    comm: str
+    ppid: int
+    zombie: bool
+
+
+class ProcFs:
+    """/proc of the host (or a test's copy of the layout, via `root`)."""
+
+    def __init__(self, root: Path = Path("/proc")) -> None:
+        self.root = root
+        self._prefix = str(root)
+        self.ticks_per_second = os.sysconf("SC_CLK_TCK")
+        self.boot_time = psutil.boot_time()
+
+    def pids(self) -> list[int]:
+        return [int(name) for name in os.listdir(self.root) if name.isdigit()]
+
+    def stat(self, pid: int) -> ProcStat:
+        try:
+            with open(f"{self._prefix}/{pid}/stat", "rb") as handle:
+                text = handle.read()
+        except (FileNotFoundError, ProcessLookupError) as exc:
+            raise ProcessGone(pid) from exc
+        except PermissionError as exc:
+            raise ProcessHidden(pid) from exc
+        # comm may contain spaces and parentheses: it ends at the last ')'.
+        open_paren = text.index(b"(")
+        close_paren = text.rindex(b")")
+        fields = text[close_paren + 2 :].split()
+        return ProcStat(
+            key=ProcKey(pid, int(fields[19])),
+            comm=text[open_paren + 1 : close_paren].decode(errors="replace"),
+            ppid=int(fields[1]),
+            zombie=fields[0] in (b"Z", b"X"),
+        )
+
+    def create_time(self, key: ProcKey) -> float:
+        """Start time as seconds since the epoch (for display; identity uses the ticks)."""
+        return self.boot_time + key.start_ticks / self.ticks_per_second
+
+    def age(self, key: ProcKey) -> float:
+        """Seconds since the process started (boot-time clock, as /proc counts)."""
+        return time.clock_gettime(time.CLOCK_BOOTTIME) - key.start_ticks / self.ticks_per_second
+
+    def facts(self, key: ProcKey) -> ProcessFacts:
+        """What classification needs: name, executable, command line, environment, cgroup."""
+        try:
+            proc = psutil.Process(key.pid)
+            with proc.oneshot():
+                environ = proc.environ()
+                cmdline = tuple(proc.cmdline())
+                name = proc.name()
+                try:
+                    exe = os.path.basename(proc.exe())
+                except psutil.AccessDenied:
+                    exe = ""
+            cgroup = self._read_text(key.pid, "cgroup")
+        except (psutil.NoSuchProcess, psutil.ZombieProcess) as exc:
+            raise ProcessGone(key.pid) from exc
+        except psutil.AccessDenied as exc:
+            raise ProcessHidden(key.pid) from exc
+        # The PID may have been reused while we read: trust the facts only if it did not.
+        if self.stat(key.pid).key != key:
+            raise ProcessGone(key.pid)
+        return ProcessFacts(
+            pid=key.pid,
+            name=name,
+            exe=exe,
+            cmdline=cmdline,
+            environ=environ,
+            cgroup=cgroup,
+        )
+
+    def cmdline_bytes(self, pid: int) -> bytes:
+        """Raw command line, to notice an exec() cheaply."""
+        try:
+            with open(f"{self._prefix}/{pid}/cmdline", "rb") as handle:
+                return handle.read()
+        except (FileNotFoundError, ProcessLookupError) as exc:
+            raise ProcessGone(pid) from exc
+        except PermissionError as exc:
+            raise ProcessHidden(pid) from exc
+
+    def socket_inodes(self, pid: int) -> set[int]:
+        """Inodes of the sockets in the process's file table (shared by its threads)."""
+        fd_dir = f"{self._prefix}/{pid}/fd"
+        inodes: set[int] = set()
+        try:
+            names = os.listdir(fd_dir)
+        except (FileNotFoundError, ProcessLookupError) as exc:
+            raise ProcessGone(pid) from exc
+        except PermissionError as exc:
+            raise ProcessHidden(pid) from exc
+        prefix_len = len(SOCKET_LINK_PREFIX)
+        for name in names:
+            try:
+                target = os.readlink(f"{fd_dir}/{name}")
+            except (FileNotFoundError, ProcessLookupError):
+                continue  # that descriptor was closed meanwhile
+            except PermissionError as exc:
+                raise ProcessHidden(pid) from exc
+            if target.startswith(SOCKET_LINK_PREFIX):
+                inodes.add(int(target[prefix_len:-1]))
+        return inodes
+
+    def netns_inode(self, pid: int | str) -> int:
+        try:
+            return os.stat(self.netns_path(pid)).st_ino
+        except (FileNotFoundError, ProcessLookupError) as exc:
+            raise ProcessGone(pid) from exc
+        except PermissionError as exc:
+            raise ProcessHidden(pid) from exc
+
+    def netns_path(self, pid: int | str) -> str:
+        return f"{self._prefix}/{pid}/ns/net"
+
+    def _read_text(self, pid: int, name: str) -> str:
+        try:
+            return (self.root / str(pid) / name).read_text(errors="replace")
+        except (FileNotFoundError, ProcessLookupError) as exc:
+            raise ProcessGone(pid) from exc
+        except PermissionError as exc:
+            raise ProcessHidden(pid) from exc

@@ -1,0 +1,281 @@
+"""Which training job a process belongs to and its role in it, from what launchers set (pure).
+
+Precedence, first that applies:
+  role: TENSORLIGHTS_ROLE > operator rule > TF_CONFIG > DMLC_ROLE > torchrun/torch.distributed
+        > Slurm role rule (SLURM_PROCID in `slurm_ps_procids`)
+  job:  TENSORLIGHTS_JOB > operator rule > Slurm job id (env or cgroup; the resource manager's
+        name, which the controller also learns from Slurm) > the framework's own identity
+A launcher variable that is present but malformed is a *problem* (reported to the operator),
+never silently a non-PS.
+"""
+
+from __future__ import annotations
+
+import hashlib
+import json
+import re
+from collections.abc import Mapping
+from dataclasses import dataclass, field
+from string import Template
+from typing import Any
+
+from tensorlights.errors import ConfigError
+
+PS = "ps"
+WORKER = "worker"
+CHIEF = "chief"
+SCHEDULER = "scheduler"
+EVALUATOR = "evaluator"
+TASK = "task"
+"""A task of a resource-manager job whose role nothing tells."""
+
+ENV_JOB = "TENSORLIGHTS_JOB"
+ENV_ROLE = "TENSORLIGHTS_ROLE"
+MAX_JOB_ID = 256
+
+_SLURM_CGROUP = re.compile(r"/job_(\d+)/step_[^/\n]+/(?:user/)?task_\d+")
+_TF_ROLES = {"ps": PS, "worker": WORKER, "chief": CHIEF, "master": CHIEF, "evaluator": EVALUATOR}
+_DMLC_ROLES = {"server": PS, "worker": WORKER, "scheduler": SCHEDULER}
+
+
+@dataclass(frozen=True)
+class ProcessFacts:
+    pid: int
+    name: str
+    exe: str
+    cmdline: tuple[str, ...]
+    environ: Mapping[str, str]
+    cgroup: str
+
+
+@dataclass(frozen=True)
+class Identity:
+    job: str
+    role: str
+    source: str
+    """Which rule decided the role: env, rule:<name>, tf_config, dmlc, torch, slurm."""
+    peers: tuple[str, ...] = ()
+    """The job's worker endpoints (host:port) where the launcher's spec names them."""
+
+    @property
+    def is_ps(self) -> bool:
+        return self.role == PS
+
+
+@dataclass(frozen=True)
+class Verdict:
+    identity: Identity | None
+    problem: str | None = None
+
+
+@dataclass(frozen=True)
+class OperatorRule:
+    """Matches when every given condition holds; `job` is a template over the environment
+    and the named groups of `cmdline_regex`, e.g. "train-${JOB_NAME}"."""
+
+    name: str
+    role: str
+    job: str
+    exe: str | None = None
+    cmdline_regex: str | None = None
+    env: Mapping[str, str] = field(default_factory=dict)
+
+    def __post_init__(self) -> None:
+        if not self.name:
+            raise ConfigError("an operator rule needs a name")
+        if not (self.exe or self.cmdline_regex or self.env):
+            raise ConfigError(f"rule {self.name}: give at least one of exe, cmdline_regex, env")
+        if not self.role or not self.job:
+            raise ConfigError(f"rule {self.name}: role and job are required")
+        if self.cmdline_regex is not None:
+            try:
+                re.compile(self.cmdline_regex)
+            except re.error as exc:
+                raise ConfigError(f"rule {self.name}: bad cmdline_regex: {exc}") from exc
+        if not Template(self.job).is_valid():
+            raise ConfigError(f"rule {self.name}: job template {self.job!r} is malformed")
+
+
+@dataclass(frozen=True)
+class DiscoveryRules:
+    torch_ps_roles: frozenset[str] = frozenset({"ps", "server", "parameter_server"})
+    """torchrun ROLE_NAME values that mean parameter server."""
+    torch_ps_ranks: frozenset[int] = frozenset()
+    """RANK values that mean parameter server (e.g. {0} where rank 0 serves the model)."""
+    slurm_ps_procids: frozenset[int] = frozenset()
+    """SLURM_PROCID values that mean parameter server, for jobs with no framework variables."""
+    operator_rules: tuple[OperatorRule, ...] = ()
+
+
+def identify(facts: ProcessFacts, rules: DiscoveryRules) -> Verdict:
+    env = facts.environ
+    problems: list[str] = []
+    framework = _framework(env, rules, problems)
+    slurm_job = _slurm_job(env, facts.cgroup)
+
+    role: str | None = None
+    job: str | None = None
+    source = ""
+    peers: tuple[str, ...] = ()
+    if framework is not None:
+        role, job, source, peers = framework.role, framework.job, framework.source, framework.peers
+    if slurm_job is not None:
+        job = f"slurm/{slurm_job}"
+        if role is None:
+            role, source = _slurm_role(env, rules, problems), "slurm"
+
+    for rule in rules.operator_rules:
+        if not _rule_matches(rule, facts):
+            continue
+        matched = _rule_job(rule, facts)
+        if matched is None:
+            problems.append(
+                f"rule {rule.name} matches but its job template {rule.job!r} "
+                "names a variable this process lacks"
+            )
+            continue
+        role, job, source = rule.role, matched, f"rule:{rule.name}"
+        break
+
+    explicit_role = env.get(ENV_ROLE, "").strip().lower()
+    explicit_job = env.get(ENV_JOB, "").strip()
+    if explicit_role:
+        role, source = explicit_role, "env"
+    if explicit_job:
+        job = explicit_job
+        source = source or "env"
+
+    problem = "; ".join(problems) or None
+    if role is None:
+        return Verdict(None, problem)
+    if job is None:
+        return Verdict(None, f"role {role} from {source} but no job id: set {ENV_JOB}")
+    if len(job) > MAX_JOB_ID or not job.isprintable():
+        return Verdict(None, f"job id {job[:40]!r}... is not 1-{MAX_JOB_ID} printable characters")
+    return Verdict(Identity(job=job, role=role, source=source, peers=peers), problem)
+
+
+@dataclass(frozen=True)
+class _Framework:
+    role: str
+    job: str
+    source: str
+    peers: tuple[str, ...] = ()
+
+
+def _framework(
+    env: Mapping[str, str], rules: DiscoveryRules, problems: list[str]
+) -> _Framework | None:
+    if "TF_CONFIG" in env:
+        found = _tf_config(env["TF_CONFIG"], problems)
+        if found is not None:
+            return found
+    if "DMLC_ROLE" in env:
+        found = _dmlc(env, problems)
+        if found is not None:
+            return found
+    if "TORCHELASTIC_RUN_ID" in env or {"MASTER_ADDR", "MASTER_PORT", "RANK"} <= env.keys():
+        return _torch(env, rules, problems)
+    return None
+
+
+def _tf_config(text: str, problems: list[str]) -> _Framework | None:
+    try:
+        config: Any = json.loads(text)
+        cluster = config.get("cluster") or {}
+        task = config.get("task") or {}
+        task_type = str(task["type"]).lower()
+        index = int(task.get("index", 0))  # some launchers write "0"
+        if not isinstance(cluster, dict) or not all(isinstance(v, list) for v in cluster.values()):
+            raise ValueError("cluster must map task types to address lists")
+    except (ValueError, TypeError, KeyError, AttributeError) as exc:
+        problems.append(f"TF_CONFIG is malformed ({exc.__class__.__name__}: {exc})")
+        return None
+    role = _TF_ROLES.get(task_type)
+    if role is None:
+        problems.append(f"TF_CONFIG task type {task_type!r} is unknown")
+        return None
+    members = cluster.get(task_type, [])
+    if not 0 <= index < len(members):
+        problems.append(f"TF_CONFIG task {task_type}:{index} is not in its cluster spec")
+        return None
+    canonical = json.dumps(cluster, sort_keys=True, separators=(",", ":"))
+    digest = hashlib.sha256(canonical.encode()).hexdigest()[:12]
+    peers = tuple(
+        str(address) for kind in ("chief", "master", "worker") for address in cluster.get(kind, [])
+    )
+    return _Framework(role=role, job=f"tf/{digest}", source="tf_config", peers=peers)
+
+
+def _dmlc(env: Mapping[str, str], problems: list[str]) -> _Framework | None:
+    role = _DMLC_ROLES.get(env["DMLC_ROLE"].strip().lower())
+    uri, port = env.get("DMLC_PS_ROOT_URI", ""), env.get("DMLC_PS_ROOT_PORT", "")
+    if role is None:
+        problems.append(f"DMLC_ROLE {env['DMLC_ROLE']!r} is not server, worker or scheduler")
+        return None
+    if not uri or not port.isdigit():
+        problems.append("DMLC_ROLE is set but DMLC_PS_ROOT_URI/DMLC_PS_ROOT_PORT are not")
+        return None
+    return _Framework(role=role, job=f"dmlc/{uri}:{port}", source="dmlc")
+
+
+def _torch(env: Mapping[str, str], rules: DiscoveryRules, problems: list[str]) -> _Framework | None:
+    run_id = env.get("TORCHELASTIC_RUN_ID", "").strip()
+    if run_id and run_id != "none":
+        job = f"torch/{run_id}"
+    elif env.get("MASTER_ADDR") and env.get("MASTER_PORT"):
+        job = f"torch/{env['MASTER_ADDR']}:{env['MASTER_PORT']}"
+    else:
+        problems.append("torchrun variables without a run id or MASTER_ADDR/MASTER_PORT")
+        return None
+    role_name = env.get("ROLE_NAME", "").strip().lower()
+    rank_text = env.get("RANK", "").strip()
+    is_ps = role_name in rules.torch_ps_roles
+    if not is_ps and rules.torch_ps_ranks:
+        if not rank_text.lstrip("-").isdigit():
+            problems.append(f"RANK {rank_text!r} is not a number")
+            return None
+        is_ps = int(rank_text) in rules.torch_ps_ranks
+    return _Framework(role=PS if is_ps else WORKER, job=job, source="torch")
+
+
+def _slurm_job(env: Mapping[str, str], cgroup: str) -> str | None:
+    job_id = env.get("SLURM_JOB_ID", "").strip()
+    if job_id.isdigit():
+        return job_id
+    match = _SLURM_CGROUP.search(cgroup)
+    return match.group(1) if match else None
+
+
+def _slurm_role(env: Mapping[str, str], rules: DiscoveryRules, problems: list[str]) -> str:
+    procid = env.get("SLURM_PROCID", "").strip()
+    if not rules.slurm_ps_procids:
+        return TASK
+    if not procid.isdigit():
+        problems.append("slurm_ps_procids is configured but the task has no SLURM_PROCID")
+        return TASK
+    return PS if int(procid) in rules.slurm_ps_procids else TASK
+
+
+def _rule_matches(rule: OperatorRule, facts: ProcessFacts) -> bool:
+    if rule.exe is not None and rule.exe not in (facts.exe, facts.name):
+        return False
+    if any(facts.environ.get(key) != value for key, value in rule.env.items()):
+        return False
+    return rule.cmdline_regex is None or re.search(rule.cmdline_regex, _cmdline(facts)) is not None
+
+
+def _rule_job(rule: OperatorRule, facts: ProcessFacts) -> str | None:
+    groups: dict[str, str] = {}
+    if rule.cmdline_regex is not None:
+        match = re.search(rule.cmdline_regex, _cmdline(facts))
+        if match is not None:
+            groups = {k: v for k, v in match.groupdict().items() if v is not None}
+    try:
+        return Template(rule.job).substitute({**facts.environ, **groups})
+    except (KeyError, ValueError):
+        return None
+
+
+def _cmdline(facts: ProcessFacts) -> str:
+    return " ".join(facts.cmdline)

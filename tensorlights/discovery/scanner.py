@@ -1,0 +1,346 @@
+"""Incremental discovery: parameter-server processes, their jobs, and their TCP sockets.
+
+Each scan:
+1. lists PIDs; a PID not seen before is inspected once (environment, command line, cgroup) and
+   classified by `rules.identify`; its verdict is cached under (pid, start time);
+2. re-checks young unclassified processes every scan (a launcher forks, then exec()s the PS:
+   the first look may see the launcher) and every process once per `full_sweep_s` (exec() of
+   an old process; a PID reused between two scans);
+3. children of a PS that identify as nothing themselves belong to its job (sticky: they stay
+   in it after the PS exits and they are re-parented);
+4. reads the socket inodes of every PS process's file table, then one inet_diag dump per
+   network namespace that holds a PS, and joins them by inode. A socket is attributed only if
+   a process whose (pid, start time) was verified after reading its descriptors holds it, so
+   a port taken over by another process, or a reused PID, is never the old job's.
+"""
+
+from __future__ import annotations
+
+import time
+from collections.abc import Callable, Iterable
+from dataclasses import dataclass
+from typing import Literal
+
+from tensorlights.discovery.procfs import ProcessGone, ProcessHidden, ProcFs, ProcKey
+from tensorlights.discovery.rules import DiscoveryRules, Identity, identify
+from tensorlights.discovery.sockdiag import SockDiag, TcpSocket, TcpState
+from tensorlights.errors import TensorLightsError, TransientError
+from tensorlights.model import DiscoverySnapshot, PsConnection, PsTask
+
+MAX_PARENT_DEPTH = 64
+
+_FdRead = set[int] | Literal["gone", "hidden"]
+
+
+@dataclass
+class _Entry:
+    key: ProcKey
+    comm: str
+    ppid: int
+    cmdline: bytes
+    young_until: float
+    """Until then (scanner clock) its command line is re-read every scan, to catch exec()."""
+    identity: Identity | None = None
+    problem: str | None = None
+    hidden: bool = False
+    inherited: bool = False
+    netns: int | None = None
+    last_sockets: tuple[frozenset[int], tuple[PsConnection, ...]] | None = None
+
+
+@dataclass(frozen=True)
+class _Sockets:
+    listen_ports: frozenset[int]
+    connections: tuple[PsConnection, ...]
+    stale: bool
+
+
+class Scanner:
+    """Keeps what earlier scans learned; `scan()` returns the PS tasks as they are now."""
+
+    def __init__(
+        self,
+        rules: DiscoveryRules,
+        procfs: ProcFs | None = None,
+        *,
+        clock: Callable[[], float] = time.monotonic,
+        exec_grace_s: float = 3.0,
+        full_sweep_s: float = 5.0,
+    ) -> None:
+        self.rules = rules
+        self._proc = procfs or ProcFs()
+        self._clock = clock
+        self._exec_grace_s = exec_grace_s
+        self._full_sweep_s = full_sweep_s
+        self._entries: dict[int, _Entry] = {}
+        self._last_sweep = float("-inf")
+        self._diag: dict[int, SockDiag] = {}
+        self.agent_netns = self._proc.netns_inode("self")
+
+    def close(self) -> None:
+        for diag in self._diag.values():
+            diag.close()
+        self._diag.clear()
+
+    def __enter__(self) -> Scanner:
+        return self
+
+    def __exit__(self, *exc: object) -> None:
+        self.close()
+
+    def set_rules(self, rules: DiscoveryRules) -> None:
+        """New rules (a config reload): every process is classified again at the next scan."""
+        self.rules = rules
+        self._entries.clear()
+
+    # The scan --------------------------------------------------------------------------
+
+    def scan(self) -> DiscoverySnapshot:
+        now = self._clock()
+        pids = set(self._proc.pids())
+        for pid in self._entries.keys() - pids:
+            del self._entries[pid]
+        changed: list[_Entry] = []
+        for pid in sorted(pids - self._entries.keys()):
+            changed.extend(self._inspect(pid, now))
+        full_sweep = now - self._last_sweep >= self._full_sweep_s
+        if full_sweep:
+            self._last_sweep = now
+        for entry in list(self._entries.values()):
+            if full_sweep:
+                changed.extend(self._recheck(entry, now))
+            elif entry.identity is None and entry.young_until > now:
+                changed.extend(self._recheck_exec(entry, now))
+        self._inherit(self._entries.values() if full_sweep else changed)
+        tasks = self._collect_tasks()
+        return DiscoverySnapshot(
+            tasks=tuple(sorted(tasks, key=lambda task: (task.job, task.pid))),
+            members=self._members(),
+            problems=self._problems(),
+        )
+
+    def _inspect(self, pid: int, now: float) -> list[_Entry]:
+        try:
+            stat = self._proc.stat(pid)
+            if stat.zombie:
+                return []  # no file table; looked at again next scan until reaped
+            cmdline = self._proc.cmdline_bytes(pid)
+        except ProcessGone:
+            return []
+        except ProcessHidden:
+            self._entries[pid] = _Entry(
+                key=ProcKey(pid, -1), comm="?", ppid=0, cmdline=b"", young_until=now, hidden=True
+            )
+            return []
+        entry = _Entry(
+            key=stat.key,
+            comm=stat.comm,
+            ppid=stat.ppid,
+            cmdline=cmdline,
+            young_until=now + self._exec_grace_s - self._proc.age(stat.key),
+        )
+        if cmdline:  # kernel threads have none, and no environment to read
+            try:
+                verdict = identify(self._proc.facts(stat.key), self.rules)
+            except ProcessGone:
+                return []
+            except ProcessHidden:
+                entry.hidden = True
+            else:
+                entry.identity, entry.problem = verdict.identity, verdict.problem
+        self._entries[pid] = entry
+        return [entry]
+
+    def _recheck_exec(self, entry: _Entry, now: float) -> list[_Entry]:
+        """A young process may have exec()ed since: its command line says so."""
+        try:
+            cmdline = self._proc.cmdline_bytes(entry.key.pid)
+        except (ProcessGone, ProcessHidden):
+            return []  # the full sweep settles it
+        if cmdline == entry.cmdline:
+            return []
+        del self._entries[entry.key.pid]
+        return self._inspect(entry.key.pid, now)
+
+    def _recheck(self, entry: _Entry, now: float) -> list[_Entry]:
+        """Inspect again if the PID now names another process or the process exec()ed."""
+        pid = entry.key.pid
+        try:
+            stat = self._proc.stat(pid)
+            cmdline = self._proc.cmdline_bytes(pid)
+        except ProcessGone:
+            self._entries.pop(pid, None)
+            return []
+        except ProcessHidden:
+            return []
+        if stat.key == entry.key and cmdline == entry.cmdline and not entry.hidden:
+            return []
+        del self._entries[pid]
+        return self._inspect(pid, now)
+
+    def _inherit(self, entries: Iterable[_Entry]) -> None:
+        for entry in list(entries):
+            if entry.identity is not None or entry.hidden:
+                continue
+            parent = self._entries.get(entry.ppid)
+            depth = 0
+            while parent is not None and depth < MAX_PARENT_DEPTH:
+                if parent.identity is not None:
+                    if parent.identity.is_ps:
+                        entry.identity = Identity(
+                            job=parent.identity.job,
+                            role=parent.identity.role,
+                            source=f"parent:{parent.key.pid}",
+                            peers=parent.identity.peers,
+                        )
+                        entry.inherited = True
+                    break
+                parent = self._entries.get(parent.ppid)
+                depth += 1
+
+    # Sockets ---------------------------------------------------------------------------
+
+    def _collect_tasks(self) -> list[PsTask]:
+        inodes_of: dict[int, tuple[_Entry, set[int] | None]] = {}
+        for entry in list(self._entries.values()):
+            if entry.identity is None or not entry.identity.is_ps:
+                continue
+            read = self._read_fds(entry)
+            if read != "gone":
+                inodes_of[entry.key.pid] = (entry, read if isinstance(read, set) else None)
+        by_netns: dict[int, list[tuple[_Entry, set[int] | None]]] = {}
+        for entry, inodes in inodes_of.values():
+            assert entry.netns is not None
+            by_netns.setdefault(entry.netns, []).append((entry, inodes))
+        for netns in self._diag.keys() - by_netns.keys():
+            self._diag.pop(netns).close()
+
+        tasks: list[PsTask] = []
+        for netns, members in by_netns.items():
+            wanted = set().union(*(inodes for _, inodes in members if inodes is not None))
+            found = self._dump(netns, [entry.key.pid for entry, _ in members], wanted)
+            for entry, inodes in members:
+                sockets = self._sockets_of(entry, inodes, found)
+                assert entry.identity is not None
+                tasks.append(
+                    PsTask(
+                        pid=entry.key.pid,
+                        create_time=self._proc.create_time(entry.key),
+                        job=entry.identity.job,
+                        source=entry.identity.source,
+                        netns=netns,
+                        in_agent_netns=netns == self.agent_netns,
+                        listen_ports=sockets.listen_ports,
+                        connections=sockets.connections,
+                        peers=entry.identity.peers,
+                        stale=sockets.stale,
+                    )
+                )
+        return tasks
+
+    def _read_fds(self, entry: _Entry) -> _FdRead:
+        """The socket inodes of a PS; "hidden" if unreadable now; "gone" if it exited."""
+        pid = entry.key.pid
+        try:
+            inodes = self._proc.socket_inodes(pid)
+            # Verified after the read: these descriptors belonged to this very process.
+            if self._proc.stat(pid).key != entry.key:
+                raise ProcessGone(pid)
+            if entry.netns is None:
+                entry.netns = self._proc.netns_inode(pid)
+        except ProcessGone:
+            self._entries.pop(pid, None)
+            return "gone"
+        except ProcessHidden:
+            if entry.netns is None:
+                entry.problem = "a PS whose descriptors or namespace cannot be read"
+                return "gone"  # nothing was ever known about its sockets
+            return "hidden"
+        return inodes
+
+    def _dump(self, netns: int, pids: list[int], wanted: set[int]) -> dict[int, TcpSocket] | None:
+        """The wanted sockets of one namespace by inode, None when it cannot be read."""
+        for attempt in range(2):
+            try:
+                diag = self._diag_for(netns, pids)
+                return {sock.inode: sock for sock in diag.tcp_sockets(wanted)}
+            except TransientError:
+                if attempt:
+                    return None
+            except (TensorLightsError, OSError):
+                self._diag.pop(netns, None)
+                return None
+        return None
+
+    def _diag_for(self, netns: int, pids: list[int]) -> SockDiag:
+        diag = self._diag.get(netns)
+        if diag is not None:
+            return diag
+        diag = SockDiag() if netns == self.agent_netns else self._enter_netns(netns, pids)
+        self._diag[netns] = diag
+        return diag
+
+    def _enter_netns(self, netns: int, pids: list[int]) -> SockDiag:
+        for pid in pids:
+            try:
+                diag = SockDiag(self._proc.netns_path(pid))
+            except (OSError, TensorLightsError):
+                continue
+            try:
+                if self._proc.netns_inode(pid) == netns:
+                    return diag
+            except (ProcessGone, ProcessHidden):
+                pass
+            diag.close()
+        raise OSError(f"could not enter network namespace {netns} through pids {pids[:5]}")
+
+    def _sockets_of(
+        self, entry: _Entry, inodes: set[int] | None, found: dict[int, TcpSocket] | None
+    ) -> _Sockets:
+        if inodes is None or found is None:
+            entry.problem = (
+                "its sockets could not be read this scan (permission or namespace); "
+                "using the last ones known"
+            )
+            listen, conns = entry.last_sockets or (frozenset(), ())
+            return _Sockets(listen, conns, stale=True)
+        listen_ports: set[int] = set()
+        connections: list[PsConnection] = []
+        for inode in inodes:
+            sock = found.get(inode)
+            if sock is None:
+                continue  # not TCP, or closed since the descriptors were read
+            if sock.state == TcpState.LISTEN:
+                listen_ports.add(sock.local_port)
+            else:
+                connections.append(PsConnection(sock.local_port, sock.peer_addr, sock.peer_port))
+        connections.sort(key=lambda conn: (conn.local_port, conn.peer_addr, conn.peer_port))
+        result = _Sockets(frozenset(listen_ports), tuple(connections), stale=False)
+        entry.last_sockets = (result.listen_ports, result.connections)
+        if entry.problem and entry.problem.startswith("its sockets"):
+            entry.problem = None
+        return result
+
+    # Summaries -------------------------------------------------------------------------
+
+    def _members(self) -> tuple[tuple[str, str, int], ...]:
+        counts: dict[tuple[str, str], int] = {}
+        for entry in self._entries.values():
+            if entry.identity is not None:
+                key = (entry.identity.job, entry.identity.role)
+                counts[key] = counts.get(key, 0) + 1
+        return tuple((job, role, n) for (job, role), n in sorted(counts.items()))
+
+    def _problems(self) -> tuple[str, ...]:
+        problems = [
+            f"pid {entry.key.pid} ({entry.comm}): {entry.problem}"
+            for entry in self._entries.values()
+            if entry.problem
+        ]
+        hidden = sum(1 for entry in self._entries.values() if entry.hidden)
+        if hidden:
+            problems.append(
+                f"{hidden} processes could not be read (permission denied); run the agent as "
+                "root or with CAP_SYS_PTRACE and CAP_DAC_READ_SEARCH to see their jobs"
+            )
+        return tuple(sorted(problems))

@@ -1,0 +1,92 @@
+"""A process that holds real TCP sockets, as a PS does, for discovery tests and benchmarks.
+
+    python -m tensorlights.testbed.socket_holder --connections 19 [--host ::1] [--port P]
+        [--connect HOST:PORT] [--child [--child-unset VAR ...]]
+
+Opens one listener (on --port, or an ephemeral one like TensorPipe's), makes --connections
+connections to it and accepts them, optionally connects out to --connect, optionally starts a
+child (fork + exec, without the variables named by --child-unset) that opens a listener of its
+own; prints one JSON line with its pid and the local ports it holds, then keeps everything open
+until its stdin closes (or it is killed).
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import os
+import socket
+import sys
+
+
+def _listener(host: str, port: int) -> socket.socket:
+    family = socket.AF_INET6 if ":" in host else socket.AF_INET
+    sock = socket.socket(family, socket.SOCK_STREAM)
+    sock.setsockopt(socket.SOL_SOCKET, socket.SO_REUSEADDR, 1)
+    sock.bind((host, port))
+    sock.listen(1024)
+    return sock
+
+
+def main(argv: list[str] | None = None) -> int:
+    parser = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
+    parser.add_argument("--host", default="127.0.0.1")
+    parser.add_argument("--port", type=int, default=0)
+    parser.add_argument("--connections", type=int, default=0)
+    parser.add_argument("--connect", action="append", default=[], metavar="HOST:PORT")
+    parser.add_argument("--child", action="store_true")
+    parser.add_argument("--child-unset", action="append", default=[], metavar="VAR")
+    parser.add_argument("--report-fd", type=int, help=argparse.SUPPRESS)
+    args = parser.parse_args(argv)
+
+    held: list[socket.socket] = []
+    listener = _listener(args.host, args.port)
+    held.append(listener)
+    listen_port = listener.getsockname()[1]
+    connection_ports: list[int] = []
+    for _ in range(args.connections):
+        client = socket.create_connection((args.host, listen_port))
+        server_side, _ = listener.accept()
+        held += [client, server_side]
+        connection_ports.append(client.getsockname()[1])
+    for target in args.connect:
+        host, _, port = target.rpartition(":")
+        client = socket.create_connection((host.strip("[]"), int(port)))
+        held.append(client)
+        connection_ports.append(client.getsockname()[1])
+
+    child: dict[str, int] = {"pid": 0, "listen_port": 0}
+    if args.child:
+        read_end, write_end = os.pipe()
+        os.set_inheritable(write_end, True)
+        env = {k: v for k, v in os.environ.items() if k not in args.child_unset}
+        command = [sys.executable, "-m", "tensorlights.testbed.socket_holder"]
+        command += ["--host", args.host, "--report-fd", str(write_end)]
+        child_pid = os.fork()
+        if child_pid == 0:
+            os.close(read_end)
+            os.execve(sys.executable, command, env)
+        os.close(write_end)
+        with os.fdopen(read_end) as pipe:
+            child = json.loads(pipe.read())
+
+    report = {
+        "pid": os.getpid(),
+        "listen_port": listen_port,
+        "connection_ports": connection_ports,
+        "child_pid": child["pid"],
+        "child_listen_port": child["listen_port"],
+    }
+    if args.report_fd is not None:
+        with os.fdopen(args.report_fd, "w") as pipe:
+            pipe.write(json.dumps(report))
+    else:
+        print(json.dumps(report), flush=True)
+    sys.stdin.read()
+    if child["pid"]:
+        os.waitpid(child["pid"], 0)
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())

@@ -1,0 +1,338 @@
+"""Discovery against real processes holding real sockets (loopback and namespaces)."""
+
+from __future__ import annotations
+
+import subprocess
+import sys
+import uuid
+from collections.abc import Iterator
+from pathlib import Path
+
+import pytest
+
+from tensorlights.discovery.procfs import ProcessGone, ProcFs, ProcKey
+from tensorlights.discovery.rules import DiscoveryRules, OperatorRule, ProcessFacts
+from tensorlights.model import DiscoverySnapshot, PsTask
+from tensorlights.testbed import netns
+
+from .holders import Holder, holders, new_scanner, scan_until, start_holder, tf_config
+
+
+def task_of(snapshot: DiscoverySnapshot, pid: int) -> PsTask | None:
+    return next((task for task in snapshot.tasks if task.pid == pid), None)
+
+
+def has_ports(holder: Holder):  # type: ignore[no-untyped-def]
+    def done(snapshot: DiscoverySnapshot) -> bool:
+        task = task_of(snapshot, holder.pid)
+        return task is not None and holder.ports <= task.local_ports
+
+    return done
+
+
+def test_tf_config_ps_found_with_its_sockets_and_workers_are_members_only() -> None:
+    with holders() as start, new_scanner() as scanner:
+        ps = start({"TF_CONFIG": tf_config("ps", "0")}, "--connections", "3")
+        worker = start({"TF_CONFIG": tf_config("worker", 1)}, "--connections", "1")
+        snapshot = scan_until(scanner, has_ports(ps))
+        task = task_of(snapshot, ps.pid)
+        assert task is not None
+        assert task.source == "tf_config"
+        assert task.listen_ports == {ps.report["listen_port"]}
+        assert task.local_ports == ps.ports
+        # 3 accepted connections on the listen port, 3 outgoing ones from ephemeral ports.
+        assert len(task.connections) == 6
+        assert set(task.peers) == {"w0-a:2222", "w1-a:2222"}
+        assert task_of(snapshot, worker.pid) is None
+        roles = {(job, role): n for job, role, n in snapshot.members}
+        assert roles[(task.job, "ps")] == 1 and roles[(task.job, "worker")] == 1
+        assert snapshot.job_ports() == {task.job: frozenset(ps.ports)}
+
+
+def test_each_launcher_environment_identifies_its_ps() -> None:
+    rules = DiscoveryRules(torch_ps_ranks=frozenset({0}), slurm_ps_procids=frozenset({0}))
+    cases = {
+        "dmlc/10.0.0.9:9000": {
+            "DMLC_ROLE": "server",
+            "DMLC_PS_ROOT_URI": "10.0.0.9",
+            "DMLC_PS_ROOT_PORT": "9000",
+        },
+        "torch/run-42": {"TORCHELASTIC_RUN_ID": "run-42", "ROLE_NAME": "ps", "RANK": "3"},
+        "torch/10.0.0.7:29500": {"MASTER_ADDR": "10.0.0.7", "MASTER_PORT": "29500", "RANK": "0"},
+        "slurm/4242": {"SLURM_JOB_ID": "4242", "SLURM_STEP_ID": "0", "SLURM_PROCID": "0"},
+        "explicit-job": {"TENSORLIGHTS_JOB": "explicit-job", "TENSORLIGHTS_ROLE": "ps"},
+    }
+    not_ps = [
+        {"DMLC_ROLE": "worker", "DMLC_PS_ROOT_URI": "10.0.0.9", "DMLC_PS_ROOT_PORT": "9000"},
+        {"TORCHELASTIC_RUN_ID": "run-42", "ROLE_NAME": "trainer", "RANK": "1"},
+        {"SLURM_JOB_ID": "4242", "SLURM_STEP_ID": "0", "SLURM_PROCID": "1"},
+        {},
+    ]
+    with holders() as start, new_scanner(rules) as scanner:
+        ps = {job: start(env) for job, env in cases.items()}
+        others = [start(env) for env in not_ps]
+        snapshot = scan_until(scanner, lambda s: all(has_ports(h)(s) for h in ps.values()))
+        for job, holder in ps.items():
+            task = task_of(snapshot, holder.pid)
+            assert task is not None and task.job == job, job
+            assert task.local_ports == holder.ports
+        for holder in others:
+            assert task_of(snapshot, holder.pid) is None
+
+
+def test_operator_rule_names_the_job_from_the_command_line() -> None:
+    rule = OperatorRule(
+        name="legacy",
+        role="ps",
+        job="legacy-${name}",
+        cmdline_regex=r"--connections (?P<name>\d+)",
+    )
+    with holders() as start, new_scanner(DiscoveryRules(operator_rules=(rule,))) as scanner:
+        holder = start({}, "--connections", "2")
+        snapshot = scan_until(scanner, has_ports(holder))
+        task = task_of(snapshot, holder.pid)
+        assert task is not None
+        assert (task.job, task.source) == ("legacy-2", "rule:legacy")
+
+
+def test_sockets_of_a_child_process_belong_to_the_ps_job() -> None:
+    rule = OperatorRule(name="by-env", role="ps", job="parent-job", env={"PS_MARK": "1"})
+    with holders() as start, new_scanner(DiscoveryRules(operator_rules=(rule,))) as scanner:
+        # The child execs without PS_MARK: only its parentage tells it is part of the PS.
+        holder = start({"PS_MARK": "1"}, "--child", "--child-unset", "PS_MARK")
+        child_ports = {holder.report["child_listen_port"]}
+        child = holder.report["child_pid"]
+
+        def found(snapshot: DiscoverySnapshot) -> bool:
+            task = task_of(snapshot, child)
+            return task is not None and child_ports <= task.listen_ports
+
+        snapshot = scan_until(scanner, found)
+        task = task_of(snapshot, child)
+        assert task is not None and task.job == "parent-job"
+        assert task.source == f"parent:{holder.pid}"
+        assert snapshot.job_ports()["parent-job"] >= child_ports | holder.ports
+
+
+def test_ps_that_execs_after_a_launcher_fork_is_found_quickly() -> None:
+    script = (
+        "sleep 0.3; exec env TENSORLIGHTS_JOB=late TENSORLIGHTS_ROLE=ps "
+        f"{sys.executable} -m tensorlights.testbed.socket_holder"
+    )
+    with new_scanner() as scanner:
+        scanner.scan()
+        holder = start_holder({}, prefix=["sh", "-c", script])
+        try:
+            snapshot = scan_until(scanner, has_ports(holder), deadline_s=5)
+            task = task_of(snapshot, holder.pid)
+            assert task is not None and task.job == "late"
+        finally:
+            holder.stop()
+
+
+def test_malformed_launcher_environment_is_reported_not_ignored() -> None:
+    with holders() as start, new_scanner() as scanner:
+        holder = start({"TF_CONFIG": '{"cluster": {"ps": ["a:1"]}, "task": {"type": "ps"'})
+
+        def reported(snapshot: DiscoverySnapshot) -> bool:
+            return any(f"pid {holder.pid} " in line for line in snapshot.problems)
+
+        snapshot = scan_until(scanner, reported)
+        assert task_of(snapshot, holder.pid) is None
+        line = next(line for line in snapshot.problems if f"pid {holder.pid} " in line)
+        assert "TF_CONFIG is malformed" in line
+
+
+def test_port_taken_over_by_another_process_is_never_the_old_jobs() -> None:
+    with holders() as start, new_scanner() as scanner:
+        ps = start({"TENSORLIGHTS_JOB": "old", "TENSORLIGHTS_ROLE": "ps"})
+        port = ps.report["listen_port"]
+        scan_until(scanner, has_ports(ps))
+        ps.stop()
+        # No scan in between: the scanner still believes `old` owns `port`.
+        thief = start({}, "--port", str(port), "--connections", "2")
+        assert thief.report["listen_port"] == port
+        snapshot = scanner.scan()
+        assert snapshot.tasks == ()
+        assert snapshot.job_ports() == {}
+
+
+@pytest.mark.root
+def test_reused_pid_is_a_different_process() -> None:
+    """Force the kernel to hand the PS's PID to a plain process (ns_last_pid) that then binds
+    the PS's port: nothing may be attributed to the old job."""
+    with new_scanner() as scanner:
+        ps = start_holder({"TENSORLIGHTS_JOB": "old", "TENSORLIGHTS_ROLE": "ps"})
+        try:
+            scan_until(scanner, has_ports(ps))
+        finally:
+            ps.stop()
+        reused: Holder | None = None
+        for _ in range(50):
+            Path("/proc/sys/kernel/ns_last_pid").write_text(str(ps.pid - 1))
+            candidate = start_holder({}, "--port", str(ps.report["listen_port"]))
+            if candidate.pid == ps.pid:
+                reused = candidate
+                break
+            candidate.stop()
+        if reused is None:
+            pytest.skip("could not get the PID reused (another process took it each time)")
+        try:
+            snapshot = scanner.scan()
+            assert snapshot.tasks == ()
+            assert all(job != "old" for job, _, _ in snapshot.members)
+        finally:
+            reused.stop()
+
+
+class _KillingProcFs(ProcFs):
+    """The real /proc, but the victim is killed (for real) right before one read of it."""
+
+    def __init__(self, victim: Holder, at: str) -> None:
+        super().__init__()
+        self.victim, self.at = victim, at
+
+    def _kill_if(self, stage: str, pid: int) -> None:
+        if stage == self.at and pid == self.victim.pid and self.victim.proc.poll() is None:
+            self.victim.proc.kill()
+            self.victim.proc.wait()
+
+    def facts(self, key: ProcKey) -> ProcessFacts:
+        self._kill_if("facts", key.pid)
+        return super().facts(key)
+
+    def socket_inodes(self, pid: int) -> set[int]:
+        self._kill_if("fds", pid)
+        return super().socket_inodes(pid)
+
+
+@pytest.mark.parametrize("stage", ["facts", "fds"])
+def test_process_exiting_mid_scan_is_dropped_and_others_are_intact(stage: str) -> None:
+    env = {"TENSORLIGHTS_JOB": "j", "TENSORLIGHTS_ROLE": "ps"}
+    with holders() as start:
+        survivor = start(env, "--connections", "2")
+        victim = start(env, "--connections", "2")
+        procfs = _KillingProcFs(victim, "never")
+        with new_scanner(procfs=procfs) as scanner:
+            if stage == "fds":
+                scan_until(scanner, lambda s: has_ports(victim)(s) and has_ports(survivor)(s))
+            procfs.at = stage
+            snapshot = scanner.scan()
+            assert victim.proc.poll() is not None
+            assert task_of(snapshot, victim.pid) is None
+            survivor_task = task_of(snapshot, survivor.pid)
+            if stage == "fds":  # known before: still known with all its sockets
+                assert survivor_task is not None and survivor_task.local_ports == survivor.ports
+            snapshot = scan_until(scanner, has_ports(survivor))
+            assert task_of(snapshot, victim.pid) is None
+
+
+def test_procfs_reports_a_vanished_process_as_gone() -> None:
+    proc = subprocess.Popen(["sleep", "30"])
+    procfs = ProcFs()
+    key = procfs.stat(proc.pid).key
+    proc.kill()
+    proc.wait()
+    for read in (procfs.stat, procfs.socket_inodes, procfs.cmdline_bytes):
+        with pytest.raises(ProcessGone):
+            read(proc.pid)
+    with pytest.raises(ProcessGone):
+        procfs.facts(key)
+
+
+def test_fifty_processes_with_forty_sockets_each() -> None:
+    env = {"TENSORLIGHTS_ROLE": "ps"}
+    with holders() as start, new_scanner() as scanner:
+        # 1 listener + 19 connections x 2 ends (+ stdio pipes, not sockets) = 39 sockets.
+        fleet = [
+            start({**env, "TENSORLIGHTS_JOB": f"job-{i % 10}"}, "--connections", "19")
+            for i in range(50)
+        ]
+        snapshot = scan_until(scanner, lambda s: all(has_ports(h)(s) for h in fleet), 30)
+        for i, holder in enumerate(fleet):
+            task = task_of(snapshot, holder.pid)
+            assert task is not None and task.job == f"job-{i % 10}"
+            assert len(task.connections) == 38 and task.local_ports == holder.ports
+        # Ephemeral ports of connections to different listeners may coincide across jobs
+        # (the kernel only keeps 4-tuples unique): those ports go to no job.
+        expected: dict[str, set[int]] = {}
+        for i, holder in enumerate(fleet):
+            expected.setdefault(f"job-{i % 10}", set()).update(holder.ports)
+        contested = snapshot.contested_ports()
+        for job, ports in expected.items():
+            assert snapshot.job_ports()[job] == ports - contested
+        owners: dict[int, set[str]] = {}
+        for job, ports in expected.items():
+            for port in ports:
+                owners.setdefault(port, set()).add(job)
+        assert contested == {port for port, jobs in owners.items() if len(jobs) > 1}
+
+
+@pytest.mark.root
+def test_ps_in_another_network_namespace_is_followed(pair: netns.HostPair) -> None:
+    env = {"TENSORLIGHTS_JOB": "contained", "TENSORLIGHTS_ROLE": "ps"}
+    with holders() as start, new_scanner() as scanner:
+        worker = start({}, "--host", pair.b.ipv4, prefix=pair.b.exec_args())
+        worker_address = f"{pair.b.ipv4}:{worker.report['listen_port']}"
+        server = start(
+            env, "--host", pair.a.ipv4, "--connect", worker_address, prefix=pair.a.exec_args()
+        )
+        snapshot = scan_until(scanner, has_ports(server))
+        task = task_of(snapshot, server.pid)
+        assert task is not None
+        assert not task.in_agent_netns and task.netns != scanner.agent_netns
+        assert task.listen_ports == {server.report["listen_port"]}
+        peers = {(conn.peer_addr, conn.peer_port) for conn in task.connections}
+        assert (pair.b.ipv4, worker.report["listen_port"]) in peers
+        assert snapshot.job_ports() == {}  # not on the agent's own interfaces
+
+
+def _cgroup_mount() -> Path | None:
+    """The cgroup v2 mount, else a v1 freezer (Slurm's own v1 choice), from /proc/mounts."""
+    mounts = [line.split() for line in Path("/proc/mounts").read_text().splitlines()]
+    for fstype, option in (("cgroup2", None), ("cgroup", "freezer")):
+        for _, target, kind, options, *_ in mounts:
+            if kind == fstype and (option is None or option in options.split(",")):
+                return Path(target)
+    return None
+
+
+@pytest.fixture
+def slurm_cgroup() -> Iterator[Path]:
+    """A Slurm-shaped cgroup subtree of our own on a real cgroup filesystem, removed afterwards
+    (its processes are moved back to the root cgroup first)."""
+    mount = _cgroup_mount()
+    if mount is None:
+        pytest.skip("no cgroup filesystem is mounted")
+    base = mount / f"tl-test-{uuid.uuid4().hex[:8]}"
+    leaf = base / "job_9137" / "step_0" / "user" / "task_0"
+    try:
+        leaf.mkdir(parents=True)
+    except OSError as exc:
+        pytest.skip(f"cannot create a cgroup under {mount}: {exc}")
+    try:
+        assert (leaf / "cgroup.procs").exists(), f"{mount} is not a cgroup filesystem"
+        yield leaf
+    finally:
+        for directory in [leaf, *leaf.parents]:
+            if directory == mount:
+                break
+            for pid in (directory / "cgroup.procs").read_text().split():
+                with open(mount / "cgroup.procs", "w") as procs:
+                    procs.write(pid)
+            directory.rmdir()
+
+
+@pytest.mark.root
+def test_slurm_job_from_the_cgroup_when_the_environment_lacks_it(slurm_cgroup: Path) -> None:
+    rules = DiscoveryRules()
+    with holders() as start, new_scanner(rules) as scanner:
+        # The role comes from the framework; the job id only from the cgroup path.
+        script = f'echo $$ > {slurm_cgroup}/cgroup.procs && exec "$@"'
+        holder = start(
+            {"TF_CONFIG": tf_config("ps", 0)},
+            prefix=["sh", "-c", script, "sh"],
+        )
+        snapshot = scan_until(scanner, has_ports(holder))
+        task = task_of(snapshot, holder.pid)
+        assert task is not None and task.job == "slurm/9137"

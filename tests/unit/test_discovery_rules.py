@@ -1,0 +1,250 @@
+"""Classification rules: launcher environments -> (job, role), precedence, malformed input."""
+
+from __future__ import annotations
+
+import json
+import random
+from collections.abc import Mapping
+
+import pytest
+from hypothesis import given
+from hypothesis import strategies as st
+
+from tensorlights.discovery.rules import (
+    DiscoveryRules,
+    OperatorRule,
+    ProcessFacts,
+    Verdict,
+    identify,
+)
+from tensorlights.errors import ConfigError
+from tensorlights.model import DiscoverySnapshot, PsConnection, PsTask
+
+
+def facts(
+    env: Mapping[str, str] = {},
+    cgroup: str = "0::/user.slice\n",
+    cmdline: tuple[str, ...] = ("python", "train.py"),
+    exe: str = "python3.11",
+) -> ProcessFacts:
+    return ProcessFacts(pid=1, name="python", exe=exe, cmdline=cmdline, environ=env, cgroup=cgroup)
+
+
+def verdict(env: Mapping[str, str], rules: DiscoveryRules | None = None, **kw: str) -> Verdict:
+    return identify(facts(env, **kw), rules or DiscoveryRules())  # type: ignore[arg-type]
+
+
+def tf(task: dict[str, object], cluster: dict[str, list[str]] | None = None) -> dict[str, str]:
+    cluster = cluster or {"ps": ["p0:1", "p1:1"], "worker": ["w0:1", "w1:1"], "chief": ["c:1"]}
+    return {"TF_CONFIG": json.dumps({"cluster": cluster, "task": task})}
+
+
+@pytest.mark.parametrize(
+    ("task", "role"),
+    [
+        ({"type": "ps", "index": 1}, "ps"),
+        ({"type": "ps", "index": "0"}, "ps"),
+        ({"type": "worker", "index": 0}, "worker"),
+        ({"type": "chief", "index": 0}, "chief"),
+    ],
+)
+def test_tf_config_roles(task: dict[str, object], role: str) -> None:
+    result = verdict(tf(task))
+    assert result.identity is not None and result.problem is None
+    assert result.identity.role == role and result.identity.source == "tf_config"
+    assert result.identity.job.startswith("tf/")
+    assert set(result.identity.peers) == {"w0:1", "w1:1", "c:1"}
+
+
+def test_tf_config_old_master_key_is_the_chief() -> None:
+    result = verdict(tf({"type": "master", "index": 0}, {"master": ["m:1"], "ps": ["p:1"]}))
+    assert result.identity is not None and result.identity.role == "chief"
+
+
+@given(st.permutations(["ps", "worker", "chief"]), st.sampled_from(["ps", "worker"]))
+def test_tf_job_id_is_the_same_for_every_member_whatever_the_key_order(
+    order: list[str], task_type: str
+) -> None:
+    spec = {"ps": ["p0:1"], "worker": ["w0:1", "w1:1"], "chief": ["c:1"]}
+    shuffled = {key: spec[key] for key in order}
+    a = verdict(tf({"type": "ps", "index": 0}, spec)).identity
+    b = verdict(tf({"type": task_type, "index": 0}, shuffled)).identity
+    assert a is not None and b is not None and a.job == b.job
+
+
+def test_different_clusters_are_different_jobs() -> None:
+    a = verdict(tf({"type": "ps", "index": 0}, {"ps": ["a:1"], "worker": ["w:1"]})).identity
+    b = verdict(tf({"type": "ps", "index": 0}, {"ps": ["b:1"], "worker": ["w:1"]})).identity
+    assert a is not None and b is not None and a.job != b.job
+
+
+@pytest.mark.parametrize(
+    ("text", "problem"),
+    [
+        ("{not json", "TF_CONFIG is malformed"),
+        ('{"cluster": {"ps": ["a:1"]}}', "TF_CONFIG is malformed"),
+        ('{"cluster": {"ps": "a:1"}, "task": {"type": "ps"}}', "TF_CONFIG is malformed"),
+        ('{"cluster": {"ps": ["a:1"]}, "task": {"type": "ps", "index": 3}}', "not in its"),
+        ('{"cluster": {"ps": ["a:1"]}, "task": {"type": "ps", "index": "x"}}', "malformed"),
+        ('{"cluster": {"ps": ["a:1"]}, "task": {"type": "gpu", "index": 0}}', "unknown"),
+    ],
+)
+def test_malformed_tf_config_is_a_problem_not_a_silent_miss(text: str, problem: str) -> None:
+    result = verdict({"TF_CONFIG": text})
+    assert result.identity is None
+    assert result.problem is not None and problem in result.problem
+
+
+@pytest.mark.parametrize(
+    ("env", "job", "role"),
+    [
+        (
+            {"DMLC_ROLE": "server", "DMLC_PS_ROOT_URI": "10.1.1.1", "DMLC_PS_ROOT_PORT": "9091"},
+            "dmlc/10.1.1.1:9091",
+            "ps",
+        ),
+        (
+            {"DMLC_ROLE": "Worker", "DMLC_PS_ROOT_URI": "10.1.1.1", "DMLC_PS_ROOT_PORT": "9091"},
+            "dmlc/10.1.1.1:9091",
+            "worker",
+        ),
+        (
+            {"DMLC_ROLE": "scheduler", "DMLC_PS_ROOT_URI": "h", "DMLC_PS_ROOT_PORT": "1"},
+            "dmlc/h:1",
+            "scheduler",
+        ),
+        ({"TORCHELASTIC_RUN_ID": "r1", "ROLE_NAME": "ps", "RANK": "4"}, "torch/r1", "ps"),
+        ({"TORCHELASTIC_RUN_ID": "r1", "ROLE_NAME": "default"}, "torch/r1", "worker"),
+        (
+            {"TORCHELASTIC_RUN_ID": "none", "MASTER_ADDR": "m", "MASTER_PORT": "5", "RANK": "0"},
+            "torch/m:5",
+            "worker",
+        ),
+        ({"SLURM_JOB_ID": "77", "SLURM_PROCID": "0"}, "slurm/77", "task"),
+        ({"TENSORLIGHTS_JOB": "mine", "TENSORLIGHTS_ROLE": "PS"}, "mine", "ps"),
+    ],
+)
+def test_launcher_environments(env: dict[str, str], job: str, role: str) -> None:
+    result = verdict(env)
+    assert result.identity is not None, result.problem
+    assert (result.identity.job, result.identity.role) == (job, role)
+
+
+def test_torch_rank_rule_and_slurm_procid_rule() -> None:
+    rules = DiscoveryRules(torch_ps_ranks=frozenset({0}), slurm_ps_procids=frozenset({0, 1}))
+    torch = {"MASTER_ADDR": "m", "MASTER_PORT": "5"}
+    assert verdict({**torch, "RANK": "0"}, rules).identity.role == "ps"  # type: ignore[union-attr]
+    assert verdict({**torch, "RANK": "2"}, rules).identity.role == "worker"  # type: ignore[union-attr]
+    bad = verdict({**torch, "RANK": "x", "TORCHELASTIC_RUN_ID": "r"}, rules)
+    assert bad.identity is None and "RANK" in (bad.problem or "")
+    slurm = {"SLURM_JOB_ID": "9"}
+    assert verdict({**slurm, "SLURM_PROCID": "1"}, rules).identity.role == "ps"  # type: ignore[union-attr]
+    assert verdict({**slurm, "SLURM_PROCID": "2"}, rules).identity.role == "task"  # type: ignore[union-attr]
+
+
+@pytest.mark.parametrize(
+    "cgroup",
+    [
+        "0::/system.slice/slurmstepd.scope/job_812/step_0/user/task_3\n",
+        "4:freezer:/slurm/uid_1000/job_812/step_batch/task_0\n0::/\n",
+    ],
+)
+def test_slurm_job_from_cgroup_v1_and_v2(cgroup: str) -> None:
+    result = verdict(tf({"type": "ps", "index": 0}), cgroup=cgroup)
+    assert result.identity is not None
+    assert (result.identity.job, result.identity.role) == ("slurm/812", "ps")
+
+
+def test_slurmstepd_itself_is_not_a_task() -> None:
+    cgroup = "0::/system.slice/slurmstepd.scope/job_812/step_0/slurm\n"
+    assert verdict({}, cgroup=cgroup).identity is None
+
+
+def test_slurm_job_id_names_a_framework_job_and_explicit_env_wins_over_all() -> None:
+    env = {**tf({"type": "ps", "index": 0}), "SLURM_JOB_ID": "55"}
+    assert verdict(env).identity.job == "slurm/55"  # type: ignore[union-attr]
+    explicit = {**env, "TENSORLIGHTS_JOB": "x", "TENSORLIGHTS_ROLE": "worker"}
+    identity = verdict(explicit).identity
+    assert identity is not None and (identity.job, identity.role) == ("x", "worker")
+
+
+def test_explicit_role_without_any_job_is_a_problem() -> None:
+    result = verdict({"TENSORLIGHTS_ROLE": "ps"})
+    assert result.identity is None and "TENSORLIGHTS_JOB" in (result.problem or "")
+
+
+def test_operator_rules_match_on_exe_env_and_cmdline_and_template_the_job() -> None:
+    rule = OperatorRule(
+        name="mx",
+        role="ps",
+        job="mx-${CLUSTER}-${shard}",
+        exe="python3.11",
+        env={"TEAM": "vision"},
+        cmdline_regex=r"--shard=(?P<shard>\d+)",
+    )
+    rules = DiscoveryRules(operator_rules=(rule,))
+    env = {"TEAM": "vision", "CLUSTER": "c1"}
+    cmd = ("python", "serve.py", "--shard=7")
+    identity = identify(facts(env, cmdline=cmd), rules).identity
+    assert identity is not None and (identity.job, identity.source) == ("mx-c1-7", "rule:mx")
+    assert identify(facts({**env, "TEAM": "nlp"}, cmdline=cmd), rules).identity is None
+    assert identify(facts(env, cmdline=cmd, exe="java"), rules).identity is None
+    missing = identify(facts({"TEAM": "vision"}, cmdline=cmd), rules)
+    assert missing.identity is None and "template" in (missing.problem or "")
+
+
+@pytest.mark.parametrize(
+    "kwargs",
+    [
+        {"name": "", "role": "ps", "job": "j", "exe": "x"},
+        {"name": "r", "role": "ps", "job": "j"},
+        {"name": "r", "role": "ps", "job": "j", "cmdline_regex": "("},
+        {"name": "r", "role": "ps", "job": "${", "exe": "x"},
+    ],
+)
+def test_bad_operator_rules_are_config_errors(kwargs: dict[str, str]) -> None:
+    with pytest.raises(ConfigError):
+        OperatorRule(**kwargs)  # type: ignore[arg-type]
+
+
+@given(st.dictionaries(st.text(max_size=20), st.text(max_size=60), max_size=12))
+def test_arbitrary_environments_never_raise(env: dict[str, str]) -> None:
+    keys = ["TF_CONFIG", "DMLC_ROLE", "TORCHELASTIC_RUN_ID", "RANK", "SLURM_JOB_ID"]
+    rng = random.Random(len(env))
+    for key in rng.sample(keys, 2):
+        env[key] = rng.choice(["", "0", "{}", "ps", '{"task": 1}', "[1]", "null"])
+    identify(facts(env), DiscoveryRules(torch_ps_ranks=frozenset({0})))
+
+
+def _task(job: str, pid: int, ports: set[int], in_ns: bool = True) -> PsTask:
+    return PsTask(
+        pid=pid,
+        create_time=0.0,
+        job=job,
+        source="env",
+        netns=1,
+        in_agent_netns=in_ns,
+        listen_ports=frozenset(ports),
+        connections=(PsConnection(40000 + pid, "10.0.0.1", 5),),
+    )
+
+
+def test_snapshot_ports_by_job_drop_contested_and_foreign_namespace_ports() -> None:
+    snapshot = DiscoverySnapshot(
+        tasks=(
+            _task("a", 1, {5000}),
+            _task("a", 2, {5001}),
+            _task("b", 3, {6000}),
+            _task("b", 4, {7000}),
+            _task("c", 40001 - 40000, {8000}, in_ns=False),
+        )
+    )
+    assert snapshot.jobs() == ("a", "b", "c")
+    # pid 1's connection port 40001 is contested by nobody in the agent's namespace.
+    assert snapshot.job_ports() == {
+        "a": frozenset({5000, 5001, 40001, 40002}),
+        "b": frozenset({6000, 7000, 40003, 40004}),
+    }
+    clash = DiscoverySnapshot(tasks=(_task("a", 1, {5000}), _task("b", 2, {5000})))
+    assert clash.contested_ports() == {5000}
+    assert clash.job_ports() == {"a": frozenset({40001}), "b": frozenset({40002})}
