@@ -46,6 +46,7 @@ def main() -> None:
     Examples:
       tensorlights-agent show --interface eth0          what is programmed now
       tensorlights-agent cleanup --interface eth0       remove it, restore the old qdisc
+      tensorlights-agent discover                       the PS processes found here
     """
 
 
@@ -108,6 +109,48 @@ def cleanup(interface: str, netns: str | None, state_dir: Path) -> None:
     """
     datapath = open_datapath("htb", state_dir, netns=netns)
     click.echo(datapath.cleanup(interface))
+
+
+@main.command()
+@click.option("--json", "as_json", is_flag=True, help="Machine-readable output.")
+@reports_errors
+def discover(as_json: bool) -> None:
+    """Find the parameter-server processes on this host, their jobs and their TCP sockets.
+
+    A PS is recognised from what its launcher put in its environment (TF_CONFIG task type ps,
+    DMLC_ROLE=server, torchrun ROLE_NAME=ps, TENSORLIGHTS_JOB/TENSORLIGHTS_ROLE) or its Slurm
+    job; its children belong to it. Run as root to see every user's processes.
+    """
+    from tensorlights.discovery.rules import DiscoveryRules
+    from tensorlights.discovery.scanner import Scanner
+    from tensorlights.views import snapshot_view
+
+    with Scanner(DiscoveryRules()) as scanner:
+        view = snapshot_view(scanner.scan())
+    if as_json:
+        echo_json(view)
+        return
+    console = Console()
+    table = Table(title="Parameter-server processes on this host")
+    for column in ("job", "pid", "found by", "netns", "listening", "connections", "workers"):
+        table.add_column(column, overflow="fold")
+    for task in view["tasks"]:
+        table.add_row(
+            task["job"],
+            str(task["pid"]),
+            task["source"],
+            "own" if task["in_agent_netns"] else str(task["netns"]),
+            " ".join(map(str, task["listen_ports"])),
+            str(len(task["connections"])) + (" (stale)" if task["stale"] else ""),
+            " ".join(task["peers"]),
+        )
+    console.print(table)
+    members = ", ".join(f"{m['job']}: {m['processes']} {m['role']}" for m in view["members"])
+    console.print(f"training processes: {members or 'none'}")
+    if view["contested_ports"]:
+        console.print(f"ports used by several jobs (shaped as none): {view['contested_ports']}")
+    for problem in view["problems"]:
+        console.print(f"[yellow]warning:[/yellow] {problem}")
 
 
 @main.command()

@@ -16,7 +16,69 @@ import argparse
 import json
 import os
 import socket
+import subprocess
 import sys
+import time
+from collections.abc import Mapping, Sequence
+from dataclasses import dataclass
+from typing import Any
+
+HOLDER = [sys.executable, "-m", "tensorlights.testbed.socket_holder"]
+# Launcher variables of the test runner itself must not leak into the children.
+_LAUNCHER_PREFIXES = ("TF_CONFIG", "DMLC_", "TORCHELASTIC_", "SLURM_", "TENSORLIGHTS_")
+_LAUNCHER_KEYS = {"MASTER_ADDR", "MASTER_PORT", "RANK", "ROLE_NAME"}
+
+
+def clean_env(extra: Mapping[str, str] = {}) -> dict[str, str]:
+    env = {
+        key: value
+        for key, value in os.environ.items()
+        if not key.startswith(_LAUNCHER_PREFIXES) and key not in _LAUNCHER_KEYS
+    }
+    env.update(extra)
+    return env
+
+
+@dataclass
+class Holder:
+    proc: subprocess.Popen[str]
+    report: dict[str, Any]
+
+    @property
+    def pid(self) -> int:
+        return int(self.report["pid"])
+
+    @property
+    def ports(self) -> set[int]:
+        return {self.report["listen_port"], *self.report["connection_ports"]}
+
+    def stop(self) -> None:
+        if self.proc.poll() is None:
+            assert self.proc.stdin is not None
+            self.proc.stdin.close()
+            try:
+                self.proc.wait(timeout=10)
+            except subprocess.TimeoutExpired:
+                self.proc.kill()
+                self.proc.wait()
+
+
+def start_holder(
+    env: Mapping[str, str], *args: str, prefix: Sequence[str] = (), timeout: float = 20
+) -> Holder:
+    proc = subprocess.Popen(
+        [*prefix, *HOLDER, *args],
+        env=clean_env(env),
+        stdin=subprocess.PIPE,
+        stdout=subprocess.PIPE,
+        text=True,
+    )
+    assert proc.stdout is not None
+    line = proc.stdout.readline()
+    if not line:
+        proc.kill()
+        raise RuntimeError(f"socket holder exited with {proc.wait(timeout)}")
+    return Holder(proc, json.loads(line))
 
 
 def _listener(host: str, port: int) -> socket.socket:
@@ -43,6 +105,7 @@ def main(argv: list[str] | None = None) -> int:
     listener = _listener(args.host, args.port)
     held.append(listener)
     listen_port = listener.getsockname()[1]
+    listened_at = time.monotonic()  # CLOCK_MONOTONIC: comparable across processes
     connection_ports: list[int] = []
     for _ in range(args.connections):
         client = socket.create_connection((args.host, listen_port))
@@ -73,6 +136,7 @@ def main(argv: list[str] | None = None) -> int:
     report = {
         "pid": os.getpid(),
         "listen_port": listen_port,
+        "listened_at": listened_at,
         "connection_ports": connection_ports,
         "child_pid": child["pid"],
         "child_listen_port": child["listen_port"],

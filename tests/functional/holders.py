@@ -3,75 +3,15 @@
 from __future__ import annotations
 
 import json
-import os
-import subprocess
-import sys
 import time
-from collections.abc import Callable, Iterator, Mapping, Sequence
+from collections.abc import Callable, Iterator, Mapping
 from contextlib import contextmanager
-from dataclasses import dataclass
 from typing import Any
 
 from tensorlights.discovery.rules import DiscoveryRules
 from tensorlights.discovery.scanner import Scanner
 from tensorlights.model import DiscoverySnapshot
-
-HOLDER = [sys.executable, "-m", "tensorlights.testbed.socket_holder"]
-# Launcher variables of the test runner itself must not leak into the children.
-_LAUNCHER_PREFIXES = ("TF_CONFIG", "DMLC_", "TORCHELASTIC_", "SLURM_", "TENSORLIGHTS_")
-_LAUNCHER_KEYS = {"MASTER_ADDR", "MASTER_PORT", "RANK", "ROLE_NAME"}
-
-
-def clean_env(extra: Mapping[str, str] = {}) -> dict[str, str]:
-    env = {
-        key: value
-        for key, value in os.environ.items()
-        if not key.startswith(_LAUNCHER_PREFIXES) and key not in _LAUNCHER_KEYS
-    }
-    env.update(extra)
-    return env
-
-
-@dataclass
-class Holder:
-    proc: subprocess.Popen[str]
-    report: dict[str, Any]
-
-    @property
-    def pid(self) -> int:
-        return int(self.report["pid"])
-
-    @property
-    def ports(self) -> set[int]:
-        return {self.report["listen_port"], *self.report["connection_ports"]}
-
-    def stop(self) -> None:
-        if self.proc.poll() is None:
-            assert self.proc.stdin is not None
-            self.proc.stdin.close()
-            try:
-                self.proc.wait(timeout=10)
-            except subprocess.TimeoutExpired:
-                self.proc.kill()
-                self.proc.wait()
-
-
-def start_holder(
-    env: Mapping[str, str], *args: str, prefix: Sequence[str] = (), timeout: float = 20
-) -> Holder:
-    proc = subprocess.Popen(
-        [*prefix, *HOLDER, *args],
-        env=clean_env(env),
-        stdin=subprocess.PIPE,
-        stdout=subprocess.PIPE,
-        text=True,
-    )
-    assert proc.stdout is not None
-    line = proc.stdout.readline()
-    if not line:
-        proc.kill()
-        raise RuntimeError(f"socket holder exited with {proc.wait(timeout)}")
-    return Holder(proc, json.loads(line))
+from tensorlights.testbed.socket_holder import Holder, start_holder
 
 
 @contextmanager

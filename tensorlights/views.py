@@ -1,0 +1,35 @@
+"""Plain, JSON-ready views of domain objects, shared by the CLIs and the agent's status API."""
+
+from __future__ import annotations
+
+from typing import Any
+
+from tensorlights.model import DiscoverySnapshot, PsTask
+
+
+def task_view(task: PsTask) -> dict[str, Any]:
+    return {
+        "job": task.job,
+        "pid": task.pid,
+        "create_time": task.create_time,
+        "source": task.source,
+        "netns": task.netns,
+        "in_agent_netns": task.in_agent_netns,
+        "listen_ports": sorted(task.listen_ports),
+        "connections": [
+            {"local_port": c.local_port, "peer": f"{c.peer_addr}:{c.peer_port}"}
+            for c in task.connections
+        ],
+        "peers": list(task.peers),
+        "stale": task.stale,
+    }
+
+
+def snapshot_view(snapshot: DiscoverySnapshot) -> dict[str, Any]:
+    return {
+        "tasks": [task_view(task) for task in snapshot.tasks],
+        "job_ports": {job: sorted(ports) for job, ports in sorted(snapshot.job_ports().items())},
+        "contested_ports": sorted(snapshot.contested_ports()),
+        "members": [{"job": j, "role": r, "processes": n} for j, r, n in snapshot.members],
+        "problems": list(snapshot.problems),
+    }
