@@ -2,19 +2,37 @@
 
 from __future__ import annotations
 
+import logging
+import sys
+import time
+from collections.abc import Callable
 from pathlib import Path
+from typing import Any
 
 import click
+from prometheus_client import CollectorRegistry
 from rich.console import Console
 from rich.table import Table
 
 from tensorlights import __version__
+from tensorlights.agent.app import AgentApp, load_config_function
+from tensorlights.agent.config import (
+    DEFAULT_CONFIG,
+    DEFAULT_METRICS_ADDRESS,
+    DEFAULT_STATE_DIR,
+    DEFAULT_STATUS_SOCKET,
+    AgentConfig,
+    OnStop,
+    read_config_file,
+    with_link_rate,
+)
+from tensorlights.agent.sdnotify import Notifier
 from tensorlights.cli.common import echo_json, reports_errors
 from tensorlights.datapath import BACKENDS, open_datapath
 from tensorlights.datapath.tc_messages import format_handle, handle
+from tensorlights.errors import ConfigError, TensorLightsError
+from tensorlights.policy.bands import PolicyName
 from tensorlights.policy.tc_plan import FIRST_BAND_MINOR, UNMANAGED_MINOR
-
-DEFAULT_STATE_DIR = Path("/var/lib/tensorlights")
 
 interface_option = click.option(
     "--interface", "interface", required=True, metavar="DEV", help="Network interface, e.g. eth0."
@@ -44,6 +62,9 @@ def main() -> None:
 
     \b
     Examples:
+      tensorlights-agent run --interface eth0 --link-rate 10gbit --policy rotate --interval 3s
+      tensorlights-agent status                         health, jobs, who is green and next
+      tensorlights-agent plan --dry-run --interface eth0  what run would program now
       tensorlights-agent show --interface eth0          what is programmed now
       tensorlights-agent cleanup --interface eth0       remove it, restore the old qdisc
       tensorlights-agent discover                       the PS processes found here
@@ -111,6 +132,194 @@ def cleanup(interface: str, netns: str | None, state_dir: Path) -> None:
     click.echo(datapath.cleanup(interface))
 
 
+def _config_options(func: Any) -> Any:
+    """Flags shared by `run` and `plan`; each overrides the config file's value."""
+    options = [
+        click.option(
+            "--config",
+            "config_path",
+            type=click.Path(path_type=Path),
+            default=None,
+            help=f"TOML config file [default: {DEFAULT_CONFIG}, used if present].",
+        ),
+        click.option("--interface", metavar="DEV", help="Interface whose egress is shaped."),
+        click.option(
+            "--link-rate",
+            metavar="RATE",
+            help="Link capacity, e.g. 200mbit, 10gbit [default: the link's speed from the kernel].",
+        ),
+        click.option(
+            "--policy",
+            type=click.Choice([p.value for p in PolicyName]),
+            help="fifo: observe only; static: fixed order (TL-One); rotate: the green light "
+            "moves every interval (TL-RR) [default: rotate].",
+        ),
+        click.option("--interval", metavar="DURATION", help="Rotation slot, e.g. 3s, 500ms."),
+        click.option(
+            "--standalone",
+            is_flag=True,
+            default=None,
+            help="Decide on this host alone, with no controller (the only mode of this release).",
+        ),
+        click.option(
+            "--metrics-address",
+            metavar="HOST:PORT",
+            help=f"Where /metrics and /healthz are served [default: {DEFAULT_METRICS_ADDRESS}].",
+        ),
+        click.option("--status-socket", metavar="PATH", help=f"[default: {DEFAULT_STATUS_SOCKET}]"),
+        click.option(
+            "--state-dir", "state_dir", metavar="DIR", help=f"[default: {DEFAULT_STATE_DIR}]"
+        ),
+        click.option(
+            "--on-stop",
+            type=click.Choice([o.value for o in OnStop]),
+            help="On SIGTERM: restore the previous qdisc, or leave ours for the next start.",
+        ),
+    ]
+    for option in reversed(options):
+        func = option(func)
+    return func
+
+
+def _loader(config_path: Path | None, flags: dict[str, Any]) -> Callable[[], AgentConfig]:
+    path = config_path or DEFAULT_CONFIG
+    overrides = {key.replace("-", "_"): value for key, value in flags.items()}
+    return load_config_function(
+        lambda: read_config_file(path, required=config_path is not None), overrides
+    )
+
+
+@main.command()
+@_config_options
+@click.option(
+    "--log-level",
+    type=click.Choice(["debug", "info", "warning", "error"]),
+    default="info",
+    show_default=True,
+)
+def run(config_path: Path | None, log_level: str, **flags: Any) -> None:
+    """Run the agent: discover PS jobs, shape DEV, rotate the green light (systemd runs this).
+
+    \b
+    Exit status: 0 after SIGTERM; 2 for a bad configuration (nothing is programmed);
+    1 for another error that retrying cannot fix (message on stderr).
+    SIGHUP reloads the config file (kept unchanged if the new one is invalid).
+    """
+    logging.basicConfig(
+        level=log_level.upper(), format="%(levelname)s %(name)s: %(message)s", stream=sys.stderr
+    )
+    try:
+        app = AgentApp(
+            _loader(config_path, flags), CollectorRegistry(), Notifier.from_environment()
+        )
+        app.install_signal_handlers()
+        code = app.run()
+    except ConfigError as exc:
+        click.echo(f"error: {exc}", err=True)
+        sys.exit(2)
+    except TensorLightsError as exc:
+        click.echo(f"error: {exc}", err=True)
+        sys.exit(1)
+    sys.exit(code)
+
+
+@main.command()
+@_config_options
+@click.option("--dry-run", is_flag=True, required=True, help="Required: plan touches nothing.")
+@click.option("--json", "as_json", is_flag=True, help="Machine-readable output.")
+@reports_errors
+def plan(config_path: Path | None, dry_run: bool, as_json: bool, **flags: Any) -> None:
+    """Show what the agent would program on DEV now, touching nothing."""
+    from tensorlights.agent.reconcile import Reconciler
+    from tensorlights.discovery.scanner import Scanner
+
+    config = with_link_rate(_loader(config_path, flags)())
+    datapath = open_datapath("htb", config.state_dir)
+    with Scanner(config.discovery) as scanner:
+        band_plan, spec, change = Reconciler(config, scanner, datapath).dry_run()
+    jobs = [
+        {"job": job.job, "band": job.band, "ports": sorted(job.ports)}
+        for job in (spec.jobs if spec else ())
+    ]
+    operations = [repr(op) for op in change.ops] if change else []
+    if as_json:
+        echo_json(
+            {
+                "interface": config.interface,
+                "policy": config.policy.value,
+                "jobs": jobs,
+                "green": band_plan.green,
+                "installs_root_qdisc": change.installs_root if change else False,
+                "operations": operations,
+            }
+        )
+        return
+    if spec is None:
+        click.echo(f"policy {config.policy.value}: {config.interface} would not be shaped")
+        return
+    click.echo(f"{config.interface}: {len(jobs)} jobs, green: {band_plan.green}")
+    for job in jobs:
+        click.echo(f"  band {job['band']}  {job['job']}  ports {job['ports']}")
+    if change is not None and change.installs_root:
+        click.echo("would install the root qdisc (replacing the current one)")
+    click.echo(f"{len(operations)} tc operations:")
+    for op in operations:
+        click.echo(f"  {op}")
+
+
+@main.command()
+@click.option(
+    "--socket",
+    "socket_path",
+    type=click.Path(path_type=Path),
+    default=DEFAULT_STATUS_SOCKET,
+    show_default=True,
+)
+@click.option("--json", "as_json", is_flag=True, help="Machine-readable output.")
+@reports_errors
+def status(socket_path: Path, as_json: bool) -> None:
+    """The running agent's state: health, jobs and bands, who is green and who is next."""
+    from tensorlights.agent.status import read_status
+
+    document = read_status(socket_path)
+    if as_json:
+        echo_json(document)
+        return
+    console = Console()
+    rotations = document.get("rotations", {})
+    console.print(
+        f"{document['interface']}: policy {document['policy']} every {document['interval_s']}s, "
+        f"{'healthy' if document['healthy'] else '[red]UNHEALTHY[/red]'} ({document['health']})"
+    )
+    if rotations.get("green"):
+        console.print(
+            f"green: {rotations['green']} since {_clock_text(rotations.get('green_since'))}; "
+            f"next: {rotations.get('next') or '-'} at {_clock_text(rotations.get('next_at'))}"
+        )
+    table = Table(title="jobs (band 0 = green)")
+    for column in ("band", "job", "PS pids", "ports"):
+        table.add_column(column, overflow="fold")
+    tasks = document.get("discovery", {}).get("tasks", [])
+    ports = document.get("discovery", {}).get("job_ports", {})
+    for job in document.get("order", []):
+        pids = sorted(t["pid"] for t in tasks if t["job"] == job)
+        table.add_row(
+            str(document["bands"].get(job, "-")),
+            job,
+            " ".join(map(str, pids)),
+            " ".join(map(str, ports.get(job, []))),
+        )
+    console.print(table)
+    if document.get("last_error"):
+        console.print(f"[red]last error:[/red] {document['last_error']}")
+
+
+def _clock_text(timestamp: float | None) -> str:
+    if timestamp is None:
+        return "-"
+    return time.strftime("%H:%M:%S", time.localtime(timestamp)) + f".{int(timestamp * 10) % 10}"
+
+
 @main.command()
 @click.option("--json", "as_json", is_flag=True, help="Machine-readable output.")
 @reports_errors
@@ -162,3 +371,7 @@ def backends() -> None:
         available = qdisc_available(name)
         status = {True: "supported", False: "not in this kernel", None: "unknown"}[available]
         click.echo(f"{name}: {status}")
+
+
+if __name__ == "__main__":
+    main()

@@ -70,6 +70,14 @@ class ApplyResult:
     job_table: dict[str, int]  # job -> its u32 table id
 
 
+@dataclass(frozen=True)
+class PlannedChange:
+    installs_root: bool
+    """Our root qdisc is not there yet: it would replace the current root."""
+    ops: tuple[TcOp, ...]
+    job_table: dict[str, int]
+
+
 class HtbDatapath:
     def __init__(
         self,
@@ -176,6 +184,18 @@ class HtbDatapath:
         self.sock.execute([self._encode(link.ifindex, op) for op in ops])
         self._written = (link.ifindex, layout)
         return ApplyResult(tuple(ops), took_over, dict(layout.job_table))
+
+    def plan(self, spec: DatapathSpec) -> PlannedChange:
+        """What `apply(spec)` would change now, touching nothing (for `plan --dry-run`)."""
+        link = self.link(spec.interface)
+        actual = self.read_actual(link.ifindex)
+        installs_root = not self._is_ours(actual.root_kind, actual.root_handle)
+        if installs_root:
+            actual = ActualState(root_kind="htb", root_handle=0, default_minor=None)
+        tuning = self.tuning or HtbTuning(mtu=link.mtu + ETH_HEADER)
+        layout = desired_layout(spec, tuning, self.major, tables_in_use(spec, actual))
+        ops = tuple(diff(actual, layout))
+        return PlannedChange(installs_root, ops, dict(layout.job_table))
 
     def rotate(self, spec: DatapathSpec) -> ApplyResult:
         """Band changes only, against what we last wrote: one batch of class changes.

@@ -110,12 +110,16 @@ def sink_command(targets: list[str], seconds: float, interval: float) -> list[st
     return [*args, "--seconds", str(seconds), "--interval", str(interval)]
 
 
-def start_server(ns: str, ports: list[int], max_seconds: float = 120.0) -> subprocess.Popen[str]:
-    """Start `serve` in namespace `ns` and return once its ports listen."""
+def start_server(
+    ns: str, ports: list[int], max_seconds: float = 120.0, env: dict[str, str] | None = None
+) -> subprocess.Popen[str]:
+    """Start `serve` in namespace `ns` (with `env` as its whole environment, when given: a
+    PS's launcher variables) and return once its ports listen."""
     proc = subprocess.Popen(
         ["ip", "netns", "exec", ns, *serve_command(ports, max_seconds)],
         stdout=subprocess.PIPE,
         text=True,
+        env=env,
     )
     assert proc.stdout is not None
     if proc.stdout.readline().strip() != "ready":

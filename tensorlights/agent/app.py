@@ -1,0 +1,296 @@
+"""The agent's composition root: config, clocks, registry and servers are built here and
+passed down; the reconcile loop runs on the main thread.
+
+Lifecycle:
+  start   config validated (exit 2 on error, nothing programmed) -> interface checked ->
+          servers bound -> first pass -> READY=1
+  loop    one pass every scan_interval, woken early when the light is due to move; WATCHDOG=1
+          after every pass that completed (the loop is alive), /healthz from successful passes
+  errors  transient or "interface gone" -> back off (0.5 s doubling to 10 s) and resync;
+          another permanent error -> message, exit 1 (systemd restarts the unit)
+  SIGHUP  reload the config file: validated first; on error the old config stays
+  SIGTERM restore the interface (on_stop = restore, the default) or leave the shaping for the
+          next start to adopt (on_stop = leave); exit 0
+"""
+
+from __future__ import annotations
+
+import logging
+import signal
+import threading
+import time
+from collections.abc import Callable, Mapping
+from types import FrameType
+from typing import Any
+
+from prometheus_client import CollectorRegistry
+
+from tensorlights import __version__
+from tensorlights.agent.config import AgentConfig, OnStop, build_config, with_link_rate
+from tensorlights.agent.health import Health
+from tensorlights.agent.http import MetricsServer
+from tensorlights.agent.metrics import AgentMetrics
+from tensorlights.agent.reconcile import PassResult, Reconciler
+from tensorlights.agent.sdnotify import Notifier
+from tensorlights.agent.status import StatusBoard, StatusServer
+from tensorlights.datapath import open_datapath
+from tensorlights.discovery.scanner import Scanner
+from tensorlights.errors import (
+    ForeignQdiscError,
+    InterfaceNotFoundError,
+    PermanentError,
+    TensorLightsError,
+    TransientError,
+)
+from tensorlights.views import snapshot_view
+
+log = logging.getLogger("tensorlights.agent")
+
+BACKOFF_FIRST_S = 0.5
+BACKOFF_MAX_S = 10.0
+
+
+class AgentApp:
+    def __init__(
+        self,
+        load_config: Callable[[], AgentConfig],
+        registry: CollectorRegistry,
+        notifier: Notifier,
+        clock: Callable[[], float] = time.monotonic,
+        wall_clock: Callable[[], float] = time.time,
+    ) -> None:
+        self._load_config = load_config
+        self.config = with_link_rate(load_config())
+        self.registry = registry
+        self.metrics = AgentMetrics(registry)
+        self.notifier = notifier
+        self._clock = clock
+        self._wall = wall_clock
+        self.health = Health(self.config.health_max_age_s, clock)
+        self.board = StatusBoard()
+        self._stop = threading.Event()
+        self._reload = threading.Event()
+        self._wake = threading.Event()
+        self._backoff_s = 0.0
+        self._last_pass: PassResult | None = None
+        self._last_error = ""
+        self._history: list[dict[str, Any]] = []
+
+    # Signals ---------------------------------------------------------------------------
+
+    def install_signal_handlers(self) -> None:
+        signal.signal(signal.SIGTERM, self._on_stop_signal)
+        signal.signal(signal.SIGINT, self._on_stop_signal)
+        signal.signal(signal.SIGHUP, self._on_reload_signal)
+
+    def _on_stop_signal(self, signum: int, frame: FrameType | None) -> None:
+        self.request_stop()
+
+    def _on_reload_signal(self, signum: int, frame: FrameType | None) -> None:
+        self._reload.set()
+        self._wake.set()
+
+    def request_stop(self) -> None:
+        self._stop.set()
+        self._wake.set()
+
+    # Main ------------------------------------------------------------------------------
+
+    def run(self) -> int:
+        config = self.config
+        datapath = open_datapath(
+            "htb", config.state_dir, take_over_foreign=config.take_over_foreign_qdisc
+        )
+        datapath.link(config.interface)  # InterfaceNotFoundError now, before anything else
+        scanner = Scanner(config.discovery)
+        reconciler = Reconciler(config, scanner, datapath, self._clock)
+        metrics_server = MetricsServer(config.metrics_address, self.registry, self.health)
+        status_server = StatusServer(config.status_socket, self.board)
+        metrics_server.start()
+        status_server.start()
+        self.metrics.controller_connected.set(0)
+        log.info(
+            "tensorlights-agent %s on %s: policy %s, interval %.3gs, metrics on %s:%d",
+            __version__,
+            config.interface,
+            config.policy.value,
+            config.interval_s,
+            *metrics_server.address,
+        )
+        ready = False
+        try:
+            while not self._stop.is_set():
+                if self._reload.is_set():
+                    self._reload.clear()
+                    self._reload_config(reconciler)
+                wait_s = self._one_pass(reconciler)
+                if not ready and self._last_pass is not None:
+                    self.notifier.send(READY="1", STATUS=f"reconciling {self.config.interface}")
+                    ready = True
+                self.notifier.send(WATCHDOG="1")
+                self._wake.wait(wait_s)
+                self._wake.clear()
+        except PermanentError as exc:
+            log.error("stopping: %s", exc)
+            self.notifier.send(STATUS=f"failed: {exc}")
+            self._shutdown(reconciler, scanner, metrics_server, status_server, restore=False)
+            return 1
+        self.notifier.send(STOPPING="1")
+        restore = self.config.on_stop is OnStop.RESTORE
+        self._shutdown(reconciler, scanner, metrics_server, status_server, restore=restore)
+        return 0
+
+    def _one_pass(self, reconciler: Reconciler) -> float:
+        """Run a pass; how long to wait before the next."""
+        config = self.config
+        try:
+            with self.metrics.reconcile_duration.time():
+                result = reconciler.run_pass()
+        except (TransientError, InterfaceNotFoundError, ForeignQdiscError, OSError) as exc:
+            self._failed(reconciler, exc)
+            return self._backoff_s
+        except TensorLightsError as exc:
+            if self._last_pass is None:
+                raise  # the first pass fails permanently: configuration, kernel support
+            self._failed(reconciler, exc)
+            return self._backoff_s
+        self._succeeded(result)
+        wait_s = config.scan_interval_s
+        if result.plan.next_change_at is not None:
+            wait_s = min(wait_s, max(0.0, result.plan.next_change_at - self._clock()))
+        return wait_s
+
+    def _failed(self, reconciler: Reconciler, exc: BaseException) -> None:
+        kind = type(exc).__name__
+        self.metrics.errors.labels(kind).inc()
+        message = f"{kind}: {exc}"
+        if message != self._last_error:
+            log.warning("reconcile failed (will retry): %s", message)
+        self._last_error = message
+        self.health.failure(message)
+        reconciler.force_resync()
+        self._backoff_s = min(BACKOFF_MAX_S, max(BACKOFF_FIRST_S, self._backoff_s * 2))
+        self._publish()
+
+    def _succeeded(self, result: PassResult) -> None:
+        previous = self._last_pass
+        if self._last_error:
+            log.info("reconcile recovered")
+        self._last_error = ""
+        self._backoff_s = 0.0
+        self.health.success()
+        self.metrics.last_success.set(self._wall())
+        self.metrics.scan_duration.observe(result.scan_s)
+        self.metrics.kernel_ops.inc(result.kernel_ops)
+        self.metrics.ps_processes.set(len(result.snapshot.tasks))
+        self.metrics.problems.set(len(result.snapshot.problems))
+        green_for = 0.0
+        if previous is not None and previous.plan.green is not None:
+            green_for = result.at - previous.at
+        green_before = previous.plan.green if previous is not None else None
+        self.metrics.observe_bands(result.plan.bands, green_before, green_for)
+        if result.plan.rotated and result.plan.green is not None:
+            self.metrics.rotations.inc()
+            self._history.append(
+                {"job": result.plan.green, "since": self._to_wall(result.plan.green_since)}
+            )
+            del self._history[:-20]
+            log.info("green light -> %s", result.plan.green)
+        for problem in set(result.snapshot.problems) - set(
+            previous.snapshot.problems if previous else ()
+        ):
+            log.warning("discovery: %s", problem)
+        self._last_pass = result
+        self._publish()
+
+    def _reload_config(self, reconciler: Reconciler) -> None:
+        try:
+            config = with_link_rate(self._load_config())
+        except TensorLightsError as exc:
+            log.error("config reload refused, keeping the running config: %s", exc)
+            return
+        if config.metrics_address != self.config.metrics_address or (
+            config.status_socket != self.config.status_socket
+        ):
+            log.warning("metrics_address and status_socket changes take effect at restart")
+        reconciler.reconfigure(config)
+        self.config = config
+        self.health.max_age_s = config.health_max_age_s
+        log.info("config reloaded: policy %s, interval %.3gs", config.policy, config.interval_s)
+
+    def _shutdown(
+        self,
+        reconciler: Reconciler,
+        scanner: Scanner,
+        metrics_server: MetricsServer,
+        status_server: StatusServer,
+        restore: bool,
+    ) -> None:
+        try:
+            outcome = reconciler.stop(restore)
+            if outcome:
+                log.info("%s", outcome)
+            elif not restore:
+                log.info("leaving the shaping on %s for the next start", self.config.interface)
+        except TensorLightsError as exc:
+            log.error("could not restore %s: %s", self.config.interface, exc)
+        finally:
+            status_server.close()
+            metrics_server.close()
+            scanner.close()
+            reconciler.datapath.sock.close()
+            self.notifier.close()
+
+    # Status ----------------------------------------------------------------------------
+
+    def _to_wall(self, monotonic: float | None) -> float | None:
+        if monotonic is None:
+            return None
+        return self._wall() + (monotonic - self._clock())
+
+    def _publish(self) -> None:
+        result = self._last_pass
+        healthy, health_reason = self.health.check()
+        document: dict[str, Any] = {
+            "version": __version__,
+            "interface": self.config.interface,
+            "link_rate_bps": self.config.link_rate_bps,
+            "policy": self.config.policy.value,
+            "interval_s": self.config.interval_s,
+            "standalone": self.config.standalone,
+            "healthy": healthy,
+            "health": health_reason,
+            "last_error": self._last_error,
+            "rotations": {"recent": list(self._history)},
+        }
+        if result is not None:
+            plan = result.plan
+            document.update(
+                last_pass={
+                    "at": self._to_wall(result.at),
+                    "duration_s": result.duration_s,
+                    "kernel_ops": result.kernel_ops,
+                    "full_resync": result.full_resync,
+                },
+                bands=dict(plan.bands),
+                order=list(plan.order),
+                discovery=snapshot_view(result.snapshot),
+            )
+            document["rotations"].update(
+                green=plan.green,
+                green_since=self._to_wall(plan.green_since),
+                next=plan.order[1] if len(plan.order) > 1 else None,
+                next_at=self._to_wall(plan.next_change_at),
+            )
+        self.board.publish(document)
+
+
+def load_config_function(
+    file_reader: Callable[[], Mapping[str, Any]], overrides: Mapping[str, Any]
+) -> Callable[[], AgentConfig]:
+    """A loader that re-reads the file each call (SIGHUP) with the command line on top."""
+
+    def load() -> AgentConfig:
+        return build_config(file_reader(), overrides)
+
+    return load

@@ -1,0 +1,252 @@
+"""The agent's configuration: a TOML file, overridden by command-line flags, validated whole.
+
+Every value is checked before anything is programmed; an unknown key is an error (a typo must
+not silently fall back to a default). See systemd/agent.toml for a commented example.
+"""
+
+from __future__ import annotations
+
+import math
+import tomllib
+from collections.abc import Mapping
+from dataclasses import dataclass, field, replace
+from enum import StrEnum
+from pathlib import Path
+from typing import Any, TypeVar
+
+from tensorlights.discovery.rules import DiscoveryRules, OperatorRule
+from tensorlights.errors import ConfigError, LinkRateUnknownError
+from tensorlights.model import DatapathSpec
+from tensorlights.policy.bands import PolicyName
+from tensorlights.units import parse_duration, parse_rate
+
+E = TypeVar("E", bound=StrEnum)
+
+DEFAULT_CONFIG = Path("/etc/tensorlights/agent.toml")
+DEFAULT_METRICS_PORT = 9731
+DEFAULT_METRICS_ADDRESS = f"127.0.0.1:{DEFAULT_METRICS_PORT}"
+DEFAULT_STATUS_SOCKET = Path("/run/tensorlights/agent.sock")
+DEFAULT_STATE_DIR = Path("/var/lib/tensorlights")
+
+
+class OnStop(StrEnum):
+    RESTORE = "restore"
+    """Remove our qdisc and put back the one that was there (default)."""
+    LEAVE = "leave"
+    """Leave the shaping in place for the next start to adopt (upgrades, restarts)."""
+
+
+@dataclass(frozen=True)
+class AgentConfig:
+    interface: str
+    link_rate_bps: int | None = None
+    """None: read the link speed from the kernel at start (fails clearly if it has none)."""
+    policy: PolicyName = PolicyName.ROTATE
+    interval_s: float = 3.0
+    standalone: bool = True
+    controller: str | None = None
+    metrics_address: tuple[str, int] = ("127.0.0.1", DEFAULT_METRICS_PORT)
+    status_socket: Path = DEFAULT_STATUS_SOCKET
+    state_dir: Path = DEFAULT_STATE_DIR
+    on_stop: OnStop = OnStop.RESTORE
+    scan_interval_s: float = 0.25
+    resync_interval_s: float = 30.0
+    health_max_age_s: float = 10.0
+    unmanaged_share: float = 0.05
+    take_over_foreign_qdisc: bool = False
+    discovery: DiscoveryRules = field(default_factory=DiscoveryRules)
+
+    def __post_init__(self) -> None:
+        if not self.interface:
+            raise ConfigError("no interface: set interface in the config file or --interface")
+        for name in ("interval_s", "scan_interval_s", "resync_interval_s", "health_max_age_s"):
+            value = getattr(self, name)
+            if not (math.isfinite(value) and value > 0):
+                raise ConfigError(f"{name.removesuffix('_s')} must be a positive duration")
+        if self.health_max_age_s <= self.scan_interval_s:
+            raise ConfigError("health_max_age must be longer than scan_interval")
+        # The datapath's own checks (interface name, rates, shares), before anything runs.
+        DatapathSpec(self.interface, self.link_rate_bps or 1, (), self.unmanaged_share)
+        if not self.standalone:
+            raise ConfigError(
+                "this agent has no controller client yet (it comes with the controller); "
+                "run with --standalone / standalone = true"
+            )
+
+
+_FILE_KEYS = {
+    "interface",
+    "link_rate",
+    "policy",
+    "interval",
+    "standalone",
+    "controller",
+    "metrics_address",
+    "status_socket",
+    "state_dir",
+    "on_stop",
+    "scan_interval",
+    "resync_interval",
+    "health_max_age",
+    "unmanaged_share",
+    "take_over_foreign_qdisc",
+    "discovery",
+}
+_DISCOVERY_KEYS = {"torch_ps_roles", "torch_ps_ranks", "slurm_ps_procids", "rule"}
+_RULE_KEYS = {"name", "role", "job", "exe", "cmdline_regex", "env"}
+
+
+def read_config_file(path: Path, required: bool) -> dict[str, Any]:
+    """The file's table; {} when it is absent and was not asked for explicitly."""
+    try:
+        with open(path, "rb") as handle:
+            return tomllib.load(handle)
+    except FileNotFoundError:
+        if required:
+            raise ConfigError(f"config file {path} does not exist") from None
+        return {}
+    except tomllib.TOMLDecodeError as exc:
+        raise ConfigError(f"config file {path}: {exc}") from exc
+    except OSError as exc:
+        raise ConfigError(f"config file {path}: {exc.strerror}") from exc
+
+
+def build_config(file_values: Mapping[str, Any], overrides: Mapping[str, Any]) -> AgentConfig:
+    """File values, then the flags that were given (None = not given), validated."""
+    values = {**file_values, **{k: v for k, v in overrides.items() if v is not None}}
+    unknown = set(values) - _FILE_KEYS
+    if unknown:
+        raise ConfigError(f"unknown config keys: {', '.join(sorted(unknown))}")
+    try:
+        return AgentConfig(
+            interface=_text(values, "interface", ""),
+            link_rate_bps=parse_rate(_text(values, "link_rate")) if "link_rate" in values else None,
+            policy=_choice(PolicyName, values.get("policy", "rotate"), "policy"),
+            interval_s=_duration(values, "interval", 3.0),
+            standalone=_flag(values, "standalone", "controller" not in values),
+            controller=_text(values, "controller") if "controller" in values else None,
+            metrics_address=parse_address(
+                _text(values, "metrics_address", DEFAULT_METRICS_ADDRESS)
+            ),
+            status_socket=Path(_text(values, "status_socket", str(DEFAULT_STATUS_SOCKET))),
+            state_dir=Path(_text(values, "state_dir", str(DEFAULT_STATE_DIR))),
+            on_stop=_choice(OnStop, values.get("on_stop", "restore"), "on_stop"),
+            scan_interval_s=_duration(values, "scan_interval", 0.25),
+            resync_interval_s=_duration(values, "resync_interval", 30.0),
+            health_max_age_s=_duration(values, "health_max_age", 10.0),
+            unmanaged_share=_number(values, "unmanaged_share", 0.05),
+            take_over_foreign_qdisc=_flag(values, "take_over_foreign_qdisc", False),
+            discovery=_discovery(values.get("discovery", {})),
+        )
+    except ValueError as exc:
+        raise ConfigError(str(exc)) from exc
+
+
+def with_link_rate(config: AgentConfig, sysfs: Path = Path("/sys/class/net")) -> AgentConfig:
+    """The config with its link rate known: configured, else the link's speed from sysfs."""
+    if config.link_rate_bps is not None:
+        return config
+    try:
+        mbit = int((sysfs / config.interface / "speed").read_text().strip())
+    except (OSError, ValueError):
+        mbit = -1
+    if mbit <= 0:
+        raise LinkRateUnknownError(
+            f"{config.interface} reports no link speed (virtual or down): set link_rate in the "
+            "config or --link-rate, e.g. --link-rate 10gbit"
+        )
+    return replace(config, link_rate_bps=mbit * 1_000_000)
+
+
+def parse_address(text: str) -> tuple[str, int]:
+    host, sep, port = text.rpartition(":")
+    if not sep or not port.isdigit() or not 0 < int(port) < 65536:
+        raise ConfigError(f"address {text!r} must be HOST:PORT")
+    return host.strip("[]") or "127.0.0.1", int(port)
+
+
+def _text(values: Mapping[str, Any], key: str, default: str | None = None) -> str:
+    value = values.get(key, default)
+    if not isinstance(value, str):
+        raise ConfigError(f"{key} must be a string, got {value!r}")
+    return value
+
+
+def _flag(values: Mapping[str, Any], key: str, default: bool) -> bool:
+    value = values.get(key, default)
+    if not isinstance(value, bool):
+        raise ConfigError(f"{key} must be true or false, got {value!r}")
+    return value
+
+
+def _number(values: Mapping[str, Any], key: str, default: float) -> float:
+    value = values.get(key, default)
+    if isinstance(value, bool) or not isinstance(value, int | float):
+        raise ConfigError(f"{key} must be a number, got {value!r}")
+    return float(value)
+
+
+def _duration(values: Mapping[str, Any], key: str, default: float) -> float:
+    value = values.get(key)
+    if value is None:
+        return default
+    if isinstance(value, bool) or not isinstance(value, str | int | float):
+        raise ConfigError(f"{key} must be a duration such as 3s or 500ms, got {value!r}")
+    return parse_duration(str(value)) if isinstance(value, str) else float(value)
+
+
+def _choice(kind: type[E], value: Any, key: str) -> E:
+    try:
+        return kind(value)
+    except ValueError:
+        allowed = ", ".join(member.value for member in kind)
+        raise ConfigError(f"{key} must be one of {allowed}, got {value!r}") from None
+
+
+def _int_set(values: Mapping[str, Any], key: str) -> frozenset[int] | None:
+    if key not in values:
+        return None
+    items = values[key]
+    if not isinstance(items, list) or not all(
+        isinstance(i, int) and not isinstance(i, bool) and i >= 0 for i in items
+    ):
+        raise ConfigError(f"discovery.{key} must be a list of non-negative integers")
+    return frozenset(items)
+
+
+def _discovery(table: Any) -> DiscoveryRules:
+    if not isinstance(table, dict):
+        raise ConfigError("[discovery] must be a table")
+    unknown = set(table) - _DISCOVERY_KEYS
+    if unknown:
+        raise ConfigError(f"unknown [discovery] keys: {', '.join(sorted(unknown))}")
+    rules = DiscoveryRules()
+    roles = table.get("torch_ps_roles")
+    if roles is not None:
+        if not isinstance(roles, list) or not all(isinstance(r, str) for r in roles):
+            raise ConfigError("discovery.torch_ps_roles must be a list of strings")
+        rules = replace(rules, torch_ps_roles=frozenset(r.lower() for r in roles))
+    ranks = _int_set(table, "torch_ps_ranks")
+    if ranks is not None:
+        rules = replace(rules, torch_ps_ranks=ranks)
+    procids = _int_set(table, "slurm_ps_procids")
+    if procids is not None:
+        rules = replace(rules, slurm_ps_procids=procids)
+    operator_rules = []
+    for raw in table.get("rule", []):
+        if not isinstance(raw, dict) or set(raw) - _RULE_KEYS:
+            raise ConfigError(f"[[discovery.rule]] keys must be among {sorted(_RULE_KEYS)}")
+        env = raw.get("env", {})
+        if not isinstance(env, dict) or not all(isinstance(v, str) for v in env.values()):
+            raise ConfigError("discovery.rule.env must map names to strings")
+        operator_rules.append(
+            OperatorRule(
+                name=str(raw.get("name", "")),
+                role=str(raw.get("role", "")),
+                job=str(raw.get("job", "")),
+                exe=raw.get("exe"),
+                cmdline_regex=raw.get("cmdline_regex"),
+                env=env,
+            )
+        )
+    return replace(rules, operator_rules=tuple(operator_rules))

@@ -1,0 +1,63 @@
+"""/metrics (Prometheus text format) and /healthz (200, or 503 with the reason) over HTTP.
+
+Binds to localhost by default. Serves nothing else: no command lines, no environment."""
+
+from __future__ import annotations
+
+import threading
+from http.server import BaseHTTPRequestHandler, ThreadingHTTPServer
+
+from prometheus_client import CONTENT_TYPE_LATEST, CollectorRegistry, generate_latest
+
+from tensorlights.agent.health import Health
+
+
+class MetricsServer:
+    def __init__(self, address: tuple[str, int], registry: CollectorRegistry, health: Health):
+        registry_, health_ = registry, health
+
+        class Handler(BaseHTTPRequestHandler):
+            def do_GET(self) -> None:
+                path = self.path.split("?", 1)[0]
+                if path == "/metrics":
+                    self._reply(200, CONTENT_TYPE_LATEST, generate_latest(registry_))
+                elif path == "/healthz":
+                    ok, reason = health_.check()
+                    self._reply(200 if ok else 503, "text/plain", (reason + "\n").encode())
+                else:
+                    self._reply(404, "text/plain", b"not found: try /metrics or /healthz\n")
+
+            def _reply(self, code: int, content_type: str, body: bytes) -> None:
+                self.send_response(code)
+                self.send_header("Content-Type", content_type)
+                self.send_header("Content-Length", str(len(body)))
+                self.end_headers()
+                self.wfile.write(body)
+
+            def log_message(self, format: str, *args: object) -> None:
+                pass  # scrapes every few seconds would flood the journal
+
+        try:
+            self._server = ThreadingHTTPServer(address, Handler)
+        except OSError as exc:
+            from tensorlights.errors import ConfigError
+
+            raise ConfigError(
+                f"cannot serve metrics on {address[0]}:{address[1]}: {exc.strerror}"
+            ) from exc
+        self._server.daemon_threads = True
+        self._thread = threading.Thread(
+            target=self._server.serve_forever, name="metrics-http", daemon=True
+        )
+
+    @property
+    def address(self) -> tuple[str, int]:
+        host, port = self._server.server_address[:2]
+        return str(host), int(port)
+
+    def start(self) -> None:
+        self._thread.start()
+
+    def close(self) -> None:
+        self._server.shutdown()
+        self._server.server_close()

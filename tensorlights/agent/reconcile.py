@@ -1,0 +1,132 @@
+"""One reconcile pass: discovery -> policy -> desired datapath -> minimal kernel change.
+
+Level-triggered: the desired state is rebuilt from scratch every pass. Between full resyncs a
+pass that changes only bands goes through the datapath's rotation fast path (one batch); a
+pass that changes nothing touches nothing; every `resync_interval` (and after any error) the
+kernel state is read back and diffed, which repairs out-of-band changes.
+"""
+
+from __future__ import annotations
+
+import time
+from collections.abc import Callable
+from dataclasses import dataclass
+
+from tensorlights.agent.config import AgentConfig
+from tensorlights.datapath.htb import HtbDatapath, PlannedChange
+from tensorlights.discovery.scanner import Scanner
+from tensorlights.model import DatapathSpec, DiscoverySnapshot, JobShaping
+from tensorlights.policy.bands import BandPlan, BandPolicy, PolicyName
+
+
+@dataclass(frozen=True)
+class PassResult:
+    at: float
+    """Monotonic time at the start of the pass."""
+    snapshot: DiscoverySnapshot
+    plan: BandPlan
+    spec: DatapathSpec | None
+    """None under fifo (nothing programmed)."""
+    kernel_ops: int
+    full_resync: bool
+    scan_s: float
+    duration_s: float
+
+
+def desired_spec(
+    config: AgentConfig, snapshot: DiscoverySnapshot, plan: BandPlan
+) -> DatapathSpec | None:
+    """The datapath for this plan (pure); None when the policy programs nothing (fifo).
+    With no jobs it is the qdisc alone, so that the last job's filters go when it does."""
+    if config.policy is PolicyName.FIFO:
+        return None
+    ports = snapshot.job_ports()
+    assert config.link_rate_bps is not None
+    return DatapathSpec(
+        interface=config.interface,
+        link_rate_bps=config.link_rate_bps,
+        jobs=tuple(JobShaping(job, plan.bands[job], ports[job]) for job in plan.order),
+        unmanaged_share=config.unmanaged_share,
+    )
+
+
+def shaped_jobs(snapshot: DiscoverySnapshot) -> set[str]:
+    """Jobs with at least one port the interface's filters can match."""
+    return {job for job, ports in snapshot.job_ports().items() if ports}
+
+
+class Reconciler:
+    def __init__(
+        self,
+        config: AgentConfig,
+        scanner: Scanner,
+        datapath: HtbDatapath,
+        clock: Callable[[], float] = time.monotonic,
+    ) -> None:
+        self.config = config
+        self.scanner = scanner
+        self.datapath = datapath
+        self.policy = BandPolicy(config.policy, config.interval_s)
+        self._clock = clock
+        self._written: DatapathSpec | None = None
+        self._next_resync = float("-inf")
+        self._fifo_cleared = False
+
+    def reconfigure(self, config: AgentConfig) -> None:
+        """A reloaded config: keeps the arrival order when the policy stays the same."""
+        if config.policy != self.config.policy or config.interval_s != self.config.interval_s:
+            self.policy = BandPolicy(config.policy, config.interval_s)
+        if config.discovery != self.config.discovery:
+            self.scanner.set_rules(config.discovery)
+        if config.interface != self.config.interface:
+            self.datapath.cleanup(self.config.interface)
+        self.config = config
+        self.force_resync()
+
+    def force_resync(self) -> None:
+        """Read the kernel back at the next pass (after errors, reloads, link changes)."""
+        self._written = None
+        self._next_resync = float("-inf")
+
+    def run_pass(self) -> PassResult:
+        now = self._clock()
+        snapshot = self.scanner.scan()
+        scanned = self._clock()
+        plan = self.policy.evaluate(now, shaped_jobs(snapshot))
+        spec = desired_spec(self.config, snapshot, plan)
+        ops, full = 0, False
+        if spec is None:
+            if self.config.policy is PolicyName.FIFO and not self._fifo_cleared:
+                self.datapath.cleanup(self.config.interface)  # observe only: no shaping left
+                self._fifo_cleared = True
+            self._written = None
+        else:
+            full = now >= self._next_resync or self._written is None
+            if full:
+                ops = len(self.datapath.apply(spec).ops)
+                self._next_resync = now + self.config.resync_interval_s
+            elif spec != self._written:
+                ops = len(self.datapath.rotate(spec).ops)
+            self._written = spec
+        return PassResult(
+            at=now,
+            snapshot=snapshot,
+            plan=plan,
+            spec=spec,
+            kernel_ops=ops,
+            full_resync=full,
+            scan_s=scanned - now,
+            duration_s=self._clock() - now,
+        )
+
+    def dry_run(self) -> tuple[BandPlan, DatapathSpec | None, PlannedChange | None]:
+        """What the next pass would program, touching nothing."""
+        snapshot = self.scanner.scan()
+        plan = self.policy.evaluate(self._clock(), shaped_jobs(snapshot))
+        spec = desired_spec(self.config, snapshot, plan)
+        return plan, spec, (self.datapath.plan(spec) if spec is not None else None)
+
+    def stop(self, restore: bool) -> str | None:
+        if restore:
+            return self.datapath.cleanup(self.config.interface)
+        return None

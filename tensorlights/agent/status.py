@@ -1,0 +1,106 @@
+"""The agent's status over a local Unix socket (mode 0660): `tensorlights-agent status`.
+
+Protocol: connect, read one JSON document, the server closes. Root and the socket's group
+(set by the directory, e.g. by systemd's RuntimeDirectory) may read it; others get EACCES.
+"""
+
+from __future__ import annotations
+
+import contextlib
+import json
+import os
+import socket
+import threading
+from pathlib import Path
+from typing import Any
+
+from tensorlights.errors import ConfigError, TransientError
+
+MAX_STATUS_BYTES = 16 * 1024 * 1024
+
+
+class StatusBoard:
+    """The latest status document, written by the loop and read by the socket server."""
+
+    def __init__(self) -> None:
+        self._lock = threading.Lock()
+        self._document: dict[str, Any] = {"state": "starting"}
+
+    def publish(self, document: dict[str, Any]) -> None:
+        encoded = json.dumps(document, sort_keys=True)
+        with self._lock:
+            self._document = document
+            self._encoded = encoded.encode()
+
+    def encoded(self) -> bytes:
+        with self._lock:
+            return getattr(self, "_encoded", json.dumps(self._document).encode())
+
+
+class StatusServer:
+    def __init__(self, path: Path, board: StatusBoard) -> None:
+        self.path = path
+        self._board = board
+        try:
+            path.parent.mkdir(mode=0o750, parents=True, exist_ok=True)
+            if path.is_socket():
+                path.unlink()  # a stale socket from a killed agent
+            self._sock = socket.socket(socket.AF_UNIX, socket.SOCK_STREAM | socket.SOCK_CLOEXEC)
+            old_umask = os.umask(0o117)
+            try:
+                self._sock.bind(str(path))
+            finally:
+                os.umask(old_umask)
+            os.chmod(path, 0o660)
+            self._sock.listen(16)
+        except OSError as exc:
+            raise ConfigError(f"cannot serve status on {path}: {exc.strerror or exc}") from exc
+        self._stopping = False
+        self._thread = threading.Thread(target=self._serve, name="status-socket", daemon=True)
+
+    def start(self) -> None:
+        self._thread.start()
+
+    def _serve(self) -> None:
+        while not self._stopping:
+            try:
+                conn, _ = self._sock.accept()
+            except OSError:
+                return
+            with conn:
+                try:
+                    conn.settimeout(2.0)
+                    conn.sendall(self._board.encoded())
+                except OSError:
+                    pass
+
+    def close(self) -> None:
+        self._stopping = True
+        with contextlib.suppress(OSError):
+            self._sock.shutdown(socket.SHUT_RDWR)
+        self._sock.close()
+        with contextlib.suppress(FileNotFoundError):
+            self.path.unlink()
+
+
+def read_status(path: Path, timeout_s: float = 5.0) -> dict[str, Any]:
+    """The running agent's status document."""
+    with socket.socket(socket.AF_UNIX, socket.SOCK_STREAM) as sock:
+        sock.settimeout(timeout_s)
+        try:
+            sock.connect(str(path))
+        except FileNotFoundError:
+            raise TransientError(
+                f"no agent status socket at {path}: is the agent running?"
+            ) from None
+        except ConnectionRefusedError:
+            raise TransientError(f"{path} exists but no agent listens on it") from None
+        chunks = []
+        total = 0
+        while chunk := sock.recv(1 << 16):
+            chunks.append(chunk)
+            total += len(chunk)
+            if total > MAX_STATUS_BYTES:
+                raise TransientError("the agent's status is larger than 16 MiB")
+    document: dict[str, Any] = json.loads(b"".join(chunks))
+    return document

@@ -1,0 +1,135 @@
+"""Which job gets which band, now (pure: time comes in as an argument, monotonic seconds).
+
+Policies:
+  fifo    observe only: no bands, nothing programmed.
+  static  the original TL-One: a fixed order (arrival order); the oldest job is green for as
+          long as it runs, the next one takes over when it finishes.
+  rotate  the original TL-RR: the green light moves to the next job every `interval`.
+
+Folding N jobs into the K PS bands (0 .. K-1; the unmanaged class has its own band after
+them): band 0 belongs to the green job alone; the others keep their order and are spread
+evenly over bands 1 .. K-1, so with more jobs than bands neighbours share a band and nobody
+spills into the unmanaged band. (The prototype's integer division overflowed into the
+default class with many models.)
+
+Jobs arriving or finishing are handled at every evaluation: a new job joins the order at its
+end; a finished job leaves it; the green light stays where it is until its slot ends, unless
+its job finished, in which case the next job in the order takes it at once.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass, field
+from enum import StrEnum
+
+from tensorlights.errors import ConfigError
+from tensorlights.model import GREEN_BAND, NUM_BANDS
+
+
+class PolicyName(StrEnum):
+    FIFO = "fifo"
+    STATIC = "static"
+    ROTATE = "rotate"
+
+
+@dataclass(frozen=True)
+class BandPlan:
+    bands: dict[str, int]
+    """job -> band (0 = green); empty under fifo."""
+    order: tuple[str, ...]
+    """Every job, the green one first, then who is next and after."""
+    green: str | None
+    green_since: float | None
+    """When the current green job got the light (monotonic seconds)."""
+    next_change_at: float | None
+    """When the light moves next if nothing else changes (None: it does not move by time)."""
+    rotated: bool
+    """The green job differs from the previous evaluation's."""
+
+
+def fold_bands(jobs_in_order: int, bands: int) -> list[int]:
+    """Band of each job by position (0 = green) when `jobs_in_order` jobs share `bands`."""
+    if bands < 1:
+        raise ConfigError("at least one band is needed for PS jobs")
+    if jobs_in_order == 0:
+        return []
+    if bands == 1:
+        return [GREEN_BAND] * jobs_in_order
+    folded = [GREEN_BAND]
+    others = jobs_in_order - 1
+    for rank in range(others):
+        folded.append(1 + rank * (bands - 1) // others if others > bands - 1 else 1 + rank)
+    return folded
+
+
+@dataclass
+class BandPolicy:
+    """One host's policy state: the arrival order and where the green light is."""
+
+    name: PolicyName
+    interval_s: float = 3.0
+    ps_bands: int = NUM_BANDS - 1
+    _order: list[str] = field(default_factory=list)
+    _green: str | None = None
+    _green_since: float | None = None
+
+    def __post_init__(self) -> None:
+        if not self.interval_s > 0:
+            raise ConfigError(f"interval must be positive, got {self.interval_s}")
+        if not 1 <= self.ps_bands <= NUM_BANDS - 1:
+            raise ConfigError(f"ps_bands must be 1..{NUM_BANDS - 1}, got {self.ps_bands}")
+
+    def evaluate(self, now: float, jobs: set[str] | frozenset[str]) -> BandPlan:
+        previous_green = self._green
+        self._track(jobs)
+        if self.name is PolicyName.FIFO or not self._order:
+            self._green = self._green_since = None
+            return BandPlan({}, tuple(self._order), None, None, None, previous_green is not None)
+        if self.name is PolicyName.STATIC:
+            self._set_green(self._order[0], now)
+            next_change = None
+        else:
+            self._rotate(now)
+            assert self._green_since is not None
+            next_change = self._green_since + self.interval_s if len(self._order) > 1 else None
+        assert self._green is not None
+        start = self._order.index(self._green)
+        order = tuple(self._order[start:] + self._order[:start])
+        bands = dict(zip(order, fold_bands(len(order), self.ps_bands), strict=True))
+        return BandPlan(
+            bands=bands,
+            order=order,
+            green=self._green,
+            green_since=self._green_since,
+            next_change_at=next_change,
+            rotated=self._green != previous_green,
+        )
+
+    def _track(self, jobs: set[str] | frozenset[str]) -> None:
+        """Keep the arrival order; when the green job left, its successor inherits the light."""
+        if self._green is not None and self._green not in jobs:
+            position = self._order.index(self._green)
+            after = self._order[position:] + self._order[:position]
+            successor = next((job for job in after if job in jobs), None)
+            self._green = successor
+            self._green_since = None  # a fresh slot for the successor
+        self._order = [job for job in self._order if job in jobs]
+        self._order += sorted(jobs - set(self._order))
+
+    def _set_green(self, job: str, now: float) -> None:
+        if job != self._green or self._green_since is None:
+            self._green, self._green_since = job, now
+
+    def _rotate(self, now: float) -> None:
+        if self._green is None or self._green_since is None:
+            self._set_green(self._green or self._order[0], now)
+            return
+        elapsed = now - self._green_since
+        if elapsed < self.interval_s or len(self._order) == 1:
+            return
+        # Slots keep their cadence on the monotonic clock: a late evaluation moves the light
+        # by the number of whole slots that passed, and the slot starts on its boundary.
+        slots = int(elapsed // self.interval_s)
+        position = self._order.index(self._green)
+        self._green = self._order[(position + slots) % len(self._order)]
+        self._green_since += slots * self.interval_s

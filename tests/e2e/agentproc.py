@@ -1,0 +1,117 @@
+"""The real agent as a process in a test namespace, and ways to look at it from outside."""
+
+from __future__ import annotations
+
+import json
+import subprocess
+import sys
+import time
+from collections.abc import Callable
+from pathlib import Path
+from typing import Any
+
+from tensorlights.agent.status import read_status
+from tensorlights.errors import TransientError
+from tensorlights.testbed import netns
+from tensorlights.testbed.socket_holder import clean_env
+
+AGENT = [sys.executable, "-m", "tensorlights.cli.agent"]
+METRICS = "127.0.0.1:9731"
+
+
+class AgentProcess:
+    def __init__(self, pair: netns.HostPair, workdir: Path, *flags: str) -> None:
+        self.pair = pair
+        self.workdir = workdir
+        self.socket = workdir / "agent.sock"
+        self.log = open(workdir / "agent.log", "a")  # noqa: SIM115 - closed in stop()
+        command = [
+            *AGENT,
+            "run",
+            "--interface",
+            "veth-a",
+            "--link-rate",
+            "200mbit",
+            "--standalone",
+            "--metrics-address",
+            METRICS,
+            "--status-socket",
+            str(self.socket),
+            "--state-dir",
+            str(workdir / "state"),
+            "--config",
+            str(workdir / "agent.toml"),
+            *flags,
+        ]
+        if not (workdir / "agent.toml").exists():
+            (workdir / "agent.toml").write_text("")
+        self.proc = subprocess.Popen(
+            pair.a.exec_args(*command), stderr=self.log, env=clean_env(), text=True
+        )
+
+    def status(self) -> dict[str, Any] | None:
+        try:
+            return read_status(self.socket, timeout_s=2)
+        except (TransientError, OSError, json.JSONDecodeError):
+            return None
+
+    def wait_status(
+        self, done: Callable[[dict[str, Any]], bool], deadline_s: float = 20
+    ) -> dict[str, Any]:
+        end = time.monotonic() + deadline_s
+        while time.monotonic() < end:
+            if self.proc.poll() is not None:
+                raise AssertionError(f"agent exited with {self.proc.returncode}: {self.log_text()}")
+            document = self.status()
+            if document is not None and done(document):
+                return document
+            time.sleep(0.1)
+        raise AssertionError(f"agent status never matched; last: {self.status()}")
+
+    def http(self, path: str) -> tuple[int, str]:
+        """GET on the agent's metrics address, from inside its namespace."""
+        script = (
+            "import sys, urllib.request, urllib.error\n"
+            "try:\n"
+            "    r = urllib.request.urlopen(sys.argv[1], timeout=5)\n"
+            "    code, body = r.status, r.read()\n"
+            "except urllib.error.HTTPError as e:\n"
+            "    code, body = e.code, e.read()\n"
+            "print(code); sys.stdout.write(body.decode())\n"
+        )
+        out = subprocess.run(
+            self.pair.a.exec_args(sys.executable, "-c", script, f"http://{METRICS}{path}"),
+            capture_output=True,
+            text=True,
+            check=True,
+        ).stdout
+        code, _, body = out.partition("\n")
+        return int(code), body
+
+    def log_text(self) -> str:
+        if not self.log.closed:
+            self.log.flush()
+        return (self.workdir / "agent.log").read_text()
+
+    def stop(self, sig: str = "TERM", timeout: float = 15) -> int:
+        if self.proc.poll() is None:
+            if sig == "KILL":
+                self.proc.kill()
+            else:
+                self.proc.terminate()
+            try:
+                self.proc.wait(timeout)
+            except subprocess.TimeoutExpired:
+                self.proc.kill()
+                self.proc.wait()
+        self.log.close()
+        return self.proc.returncode
+
+
+def metric(text: str, name: str, labels: str = "") -> float:
+    """The value of one sample in Prometheus text format."""
+    wanted = f"{name}{{{labels}}}" if labels else name
+    for line in text.splitlines():
+        if line.startswith(wanted + " "):
+            return float(line.rsplit(" ", 1)[1])
+    raise AssertionError(f"{wanted} not in metrics")

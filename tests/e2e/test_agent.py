@@ -1,0 +1,297 @@
+"""The real agent process, real PS-like processes identified only by their TF_CONFIG, real
+traffic to workers in another namespace."""
+
+from __future__ import annotations
+
+import itertools
+import json
+import subprocess
+import time
+from collections.abc import Iterator
+from pathlib import Path
+from typing import Any
+
+import pytest
+
+from tensorlights.testbed import netns, traffic
+from tensorlights.testbed.socket_holder import clean_env
+
+from ..functional.tcutil import root_qdisc, sink_result, start_sink
+from .agentproc import AgentProcess, metric
+
+pytestmark = pytest.mark.root
+
+PORTS = {"a": 5001, "b": 5002}
+LINK_BYTES_PER_S = 200_000_000 / 8
+
+
+def tf_config(tag: str) -> str:
+    cluster = {"ps": [f"ps-{tag}:5000"], "worker": [f"w0-{tag}:5000", f"w1-{tag}:5000"]}
+    return json.dumps({"cluster": cluster, "task": {"type": "ps", "index": 0}})
+
+
+@pytest.fixture
+def ps_jobs(pair: netns.HostPair) -> Iterator[dict[str, subprocess.Popen[str]]]:
+    """Two PS processes in namespace a, each a backlogged pusher on one port."""
+    servers = {
+        tag: traffic.start_server(
+            pair.a.ns, [port], max_seconds=120, env=clean_env({"TF_CONFIG": tf_config(tag)})
+        )
+        for tag, port in PORTS.items()
+    }
+    try:
+        yield servers
+    finally:
+        for server in servers.values():
+            server.kill()
+            server.wait()
+
+
+@pytest.fixture
+def agents(pair: netns.HostPair, tmp_path: Path) -> Iterator[list[AgentProcess]]:
+    started: list[AgentProcess] = []
+    try:
+        yield started
+    finally:
+        for agent in started:
+            agent.stop()
+
+
+def two_jobs_known(document: dict[str, Any]) -> bool:
+    return len(document.get("bands", {})) == 2
+
+
+def dominant_slots(flows: dict[str, list[int]]) -> list[tuple[str, float, int]]:
+    """Per slot: the flow carrying most bytes, its share, and the slot's total."""
+    targets = sorted(flows)
+    slots = []
+    for i in range(len(flows[targets[0]])):
+        sizes = {t: flows[t][i] for t in targets}
+        total = sum(sizes.values())
+        top = max(sizes, key=lambda t: sizes[t])
+        slots.append((top, sizes[top] / total if total else 0.0, total))
+    return slots
+
+
+def test_agent_finds_tf_jobs_shapes_the_link_and_rotates_the_light(
+    pair: netns.HostPair,
+    ps_jobs: dict[str, subprocess.Popen[str]],
+    agents: list[AgentProcess],
+    tmp_path: Path,
+) -> None:
+    agent = AgentProcess(pair, tmp_path, "--policy", "rotate", "--interval", "2s")
+    agents.append(agent)
+    document = agent.wait_status(two_jobs_known)
+    assert all(job.startswith("tf/") for job in document["bands"])
+    assert {t["source"] for t in document["discovery"]["tasks"]} == {"tf_config"}
+
+    interval, seconds = 0.5, 10.0
+    targets = [f"{pair.a.ipv4}:{port}" for port in PORTS.values()]
+    sink = start_sink(targets, seconds, interval, pair)
+    result = sink_result(sink, timeout=seconds + 15)
+    assert result["resets"] == 0 and not result["errors"]
+
+    # Slot 0: connections starting; the last: a switch in it shows no change after it.
+    slots = dominant_slots(result["flows"])[1:-1]
+    changes = [i for i in range(1, len(slots)) if slots[i][0] != slots[i - 1][0]]
+    # 10 s with a 2 s slot: the light moved 4 or 5 times while the sink ran.
+    assert 4 <= len(changes) <= 6, slots
+    near_change = {j for i in changes for j in (i - 1, i)}
+    steady = [s for i, s in enumerate(slots) if i not in near_change]
+    assert len(steady) >= 6, slots
+    for _top, share, total in steady:
+        assert share >= 0.85, " ".join(f"{t[-1]}:{s:.2f}" for t, s, _ in slots)
+        assert total >= 0.85 * LINK_BYTES_PER_S * interval, slots
+
+    document = agent.wait_status(lambda d: len(d["rotations"]["recent"]) >= 5)
+    starts = [r["since"] for r in document["rotations"]["recent"]]
+    gaps = [b - a for a, b in itertools.pairwise(starts)]
+    assert all(abs(gap - 2.0) < 0.3 for gap in gaps), gaps  # on the monotonic cadence
+
+    code, text = agent.http("/metrics")
+    assert code == 200
+    assert metric(text, "tensorlights_jobs") == 2
+    assert metric(text, "tensorlights_rotations_total") >= 5
+    for job in document["bands"]:
+        assert metric(text, "tensorlights_green_seconds_total", f'job="{job}"') > 2.0
+    assert (
+        time.time() - metric(text, "tensorlights_last_successful_reconcile_timestamp_seconds") < 5
+    )
+    assert metric(text, "tensorlights_controller_connected") == 0
+    for secret in ("TF_CONFIG", "traffic", "python", "pid="):
+        assert secret not in text
+    assert agent.http("/healthz")[0] == 200
+
+    assert agent.stop() == 0  # SIGTERM: clean stop, interface restored
+    assert root_qdisc(pair.a.ns, "veth-a")["kind"] == "noqueue"
+
+
+def test_sigkill_and_restart_under_load_adopts_without_resets(
+    pair: netns.HostPair,
+    ps_jobs: dict[str, subprocess.Popen[str]],
+    agents: list[AgentProcess],
+    tmp_path: Path,
+) -> None:
+    first = AgentProcess(pair, tmp_path, "--interval", "1s")
+    agents.append(first)
+    first.wait_status(two_jobs_known)
+    handle = root_qdisc(pair.a.ns, "veth-a")["handle"]
+    targets = [f"{pair.a.ipv4}:{port}" for port in PORTS.values()]
+    sink = start_sink(targets, 8.0, 0.5, pair)
+    try:
+        time.sleep(2.0)  # a wall-clock experiment: traffic is flowing under the first agent
+        assert first.stop("KILL") == -9
+        assert root_qdisc(pair.a.ns, "veth-a")["handle"] == handle  # shaping stays
+        second = AgentProcess(pair, tmp_path, "--interval", "1s")
+        agents.append(second)
+        document = second.wait_status(two_jobs_known)
+        assert document["last_pass"]["kernel_ops"] <= 2  # adopted: at most the green moves
+    finally:
+        result = sink_result(sink, timeout=25)
+    assert result["resets"] == 0 and not result["errors"]
+    assert root_qdisc(pair.a.ns, "veth-a")["handle"] == handle
+    slots = dominant_slots(result["flows"])[1:]
+    assert min(total for _, _, total in slots) >= 0.7 * LINK_BYTES_PER_S * 0.5, slots
+
+
+@pytest.mark.parametrize(
+    ("config", "flags", "message"),
+    [
+        ('policy = "fastest"\n', (), "policy must be one of"),
+        ("unmanaged_share = 0.9\n", (), "unmanaged_share 0.9 must be in"),
+        ('intervall = "2s"\n', (), "unknown config keys: intervall"),
+        ("", ("--interval", "-3s"), "duration"),
+        ('[discovery]\n[[discovery.rule]]\nname = "x"\nrole = "ps"\njob = "j"\n', (), "rule x"),
+    ],
+)
+def test_bad_config_refuses_to_start_and_programs_nothing(
+    pair: netns.HostPair, tmp_path: Path, config: str, flags: tuple[str, ...], message: str
+) -> None:
+    (tmp_path / "agent.toml").write_text(config)
+    agent = AgentProcess(pair, tmp_path, *flags)
+    code = agent.proc.wait(timeout=30)
+    agent.stop()
+    assert code == 2
+    assert message in agent.log_text()
+    assert root_qdisc(pair.a.ns, "veth-a")["kind"] == "noqueue"
+    assert not (tmp_path / "agent.sock").exists()
+
+
+def test_missing_interface_is_a_clear_error(pair: netns.HostPair, tmp_path: Path) -> None:
+    agent = AgentProcess(pair, tmp_path, "--interface", "nosuch0")
+    code = agent.proc.wait(timeout=30)
+    agent.stop()
+    assert code == 1 and "nosuch0" in agent.log_text()
+
+
+def test_healthz_turns_503_while_reconciles_fail_and_recovers(
+    pair: netns.HostPair,
+    ps_jobs: dict[str, subprocess.Popen[str]],
+    agents: list[AgentProcess],
+    tmp_path: Path,
+) -> None:
+    """Someone replaces our root qdisc: the agent does not fight a foreign qdisc, its passes
+    fail, /healthz says 503 with the reason; when the foreign qdisc goes, it recovers."""
+    (tmp_path / "agent.toml").write_text('health_max_age = "1500ms"\nresync_interval = "1s"\n')
+    agent = AgentProcess(pair, tmp_path, "--interval", "1s")
+    agents.append(agent)
+    agent.wait_status(two_jobs_known)
+    assert agent.http("/healthz")[0] == 200
+    netns.run(
+        [
+            "tc",
+            "-n",
+            pair.a.ns,
+            "qdisc",
+            "replace",
+            "dev",
+            "veth-a",
+            "root",
+            "handle",
+            "99:",
+            "tbf",
+            "rate",
+            "100mbit",
+            "burst",
+            "64kb",
+            "latency",
+            "50ms",
+        ]
+    )
+    deadline = time.monotonic() + 10
+    while (health := agent.http("/healthz"))[0] != 503 and time.monotonic() < deadline:
+        time.sleep(0.2)
+    assert health[0] == 503 and "ForeignQdiscError" in health[1], health
+    assert root_qdisc(pair.a.ns, "veth-a")["kind"] == "tbf"  # left alone
+    netns.run(["tc", "-n", pair.a.ns, "qdisc", "del", "dev", "veth-a", "root"])
+    agent.wait_status(lambda d: d["healthy"] and d["last_error"] == "", deadline_s=20)
+    assert root_qdisc(pair.a.ns, "veth-a")["kind"] == "htb"
+    _code, text = agent.http("/metrics")
+    assert metric(text, "tensorlights_reconcile_errors_total", 'kind="ForeignQdiscError"') >= 1
+
+
+def test_sighup_reloads_config_and_keeps_the_old_one_when_invalid(
+    pair: netns.HostPair,
+    ps_jobs: dict[str, subprocess.Popen[str]],
+    agents: list[AgentProcess],
+    tmp_path: Path,
+) -> None:
+    (tmp_path / "agent.toml").write_text('policy = "rotate"\ninterval = "1s"\n')
+    agent = AgentProcess(pair, tmp_path)
+    agents.append(agent)
+    agent.wait_status(two_jobs_known)
+    (tmp_path / "agent.toml").write_text('policy = "nonsense"\n')
+    agent.proc.send_signal(1)
+    deadline = time.monotonic() + 10
+    while "config reload refused" not in agent.log_text() and time.monotonic() < deadline:
+        time.sleep(0.1)
+    assert "config reload refused" in agent.log_text()
+    assert agent.wait_status(lambda d: d["policy"] == "rotate")["interval_s"] == 1.0
+    (tmp_path / "agent.toml").write_text('policy = "static"\ninterval = "1s"\n')
+    agent.proc.send_signal(1)
+    document = agent.wait_status(lambda d: d["policy"] == "static")
+    assert document["rotations"]["next_at"] is None  # static: the light does not move by time
+    agent.proc.send_signal(15)
+    assert agent.proc.wait(timeout=15) == 0
+
+
+def test_fifo_observes_and_programs_nothing(
+    pair: netns.HostPair,
+    ps_jobs: dict[str, subprocess.Popen[str]],
+    agents: list[AgentProcess],
+    tmp_path: Path,
+) -> None:
+    agent = AgentProcess(pair, tmp_path, "--policy", "fifo")
+    agents.append(agent)
+    document = agent.wait_status(lambda d: len(d.get("order", [])) == 2)
+    assert document["bands"] == {}
+    assert root_qdisc(pair.a.ns, "veth-a")["kind"] == "noqueue"
+
+
+def test_plan_dry_run_shows_the_jobs_and_touches_nothing(
+    pair: netns.HostPair, ps_jobs: dict[str, subprocess.Popen[str]], tmp_path: Path
+) -> None:
+    from .agentproc import AGENT
+
+    out = subprocess.run(
+        pair.a.exec_args(
+            *AGENT,
+            "plan",
+            "--dry-run",
+            "--json",
+            "--interface",
+            "veth-a",
+            "--link-rate",
+            "200mbit",
+            "--state-dir",
+            str(tmp_path),
+        ),
+        capture_output=True,
+        text=True,
+        check=True,
+        env=clean_env(),
+    ).stdout
+    plan = json.loads(out)
+    assert {tuple(job["ports"]) for job in plan["jobs"]} >= {(5001,), (5002,)}
+    assert plan["installs_root_qdisc"] is True and plan["operations"]
+    assert root_qdisc(pair.a.ns, "veth-a")["kind"] == "noqueue"
