@@ -1,0 +1,116 @@
+"""The unit file, checked with systemd-analyze and run through its own ExecStart line with a
+real NOTIFY_SOCKET (no systemd as PID 1 on these machines)."""
+
+from __future__ import annotations
+
+import configparser
+import os
+import shlex
+import shutil
+import socket
+import subprocess
+import sys
+import time
+from pathlib import Path
+
+import pytest
+
+from tensorlights.testbed import netns
+from tensorlights.testbed.socket_holder import clean_env
+
+from ..functional.tcutil import root_qdisc
+
+UNIT = Path(__file__).parents[2] / "systemd" / "tensorlights-agent.service"
+INSTALLED_AGENT = "/opt/tensorlights/venv/bin/tensorlights-agent"
+OUR_AGENT = str(Path(sys.executable).parent / "tensorlights-agent")
+
+
+def unit_section(name: str) -> configparser.SectionProxy:
+    parser = configparser.ConfigParser(strict=False, interpolation=None)
+    parser.optionxform = str  # type: ignore[assignment,method-assign]
+    parser.read(UNIT)
+    return parser[name]
+
+
+def test_unit_declares_notify_watchdog_restart_and_least_privilege() -> None:
+    service = unit_section("Service")
+    assert service["Type"] == "notify"
+    assert service["Restart"] == "on-failure"
+    assert "WatchdogSec" in service
+    assert set(service["CapabilityBoundingSet"].split()) == {
+        "CAP_NET_ADMIN",
+        "CAP_SYS_PTRACE",
+        "CAP_DAC_READ_SEARCH",
+    }
+    assert set(service["RestrictAddressFamilies"].split()) == {
+        "AF_UNIX",
+        "AF_NETLINK",
+        "AF_INET",
+        "AF_INET6",
+    }
+    for hardening in ("NoNewPrivileges", "ProtectHome", "PrivateTmp"):
+        assert service[hardening] == "yes"
+    assert service["ProtectSystem"] == "strict"
+    assert shlex.split(service["ExecStart"])[0] == INSTALLED_AGENT
+
+
+@pytest.mark.skipif(shutil.which("systemd-analyze") is None, reason="no systemd-analyze")
+def test_unit_file_verifies(tmp_path: Path) -> None:
+    # verify also checks that ExecStart's binary exists: point it at this checkout's agent.
+    unit = tmp_path / "tensorlights-agent.service"
+    unit.write_text(UNIT.read_text().replace(INSTALLED_AGENT, OUR_AGENT))
+    result = subprocess.run(
+        ["systemd-analyze", "verify", str(unit)], capture_output=True, text=True, timeout=60
+    )
+    problems = [
+        line
+        for line in result.stderr.splitlines()
+        if "tensorlights-agent.service" in line and "Failed to" not in line
+    ]
+    assert result.returncode == 0 and not problems, result.stderr
+
+
+@pytest.mark.root
+def test_execstart_line_runs_with_notify_socket(pair: netns.HostPair, tmp_path: Path) -> None:
+    config = tmp_path / "agent.toml"
+    config.write_text(
+        'interface = "veth-a"\nlink_rate = "200mbit"\n'
+        f'status_socket = "{tmp_path}/agent.sock"\nstate_dir = "{tmp_path}/state"\n'
+    )
+    command = shlex.split(unit_section("Service")["ExecStart"])
+    command = [OUR_AGENT if part == INSTALLED_AGENT else part for part in command]
+    command[command.index("/etc/tensorlights/agent.toml")] = str(config)
+
+    notify_path = tmp_path / "notify.sock"
+    receiver = socket.socket(socket.AF_UNIX, socket.SOCK_DGRAM)
+    receiver.bind(str(notify_path))
+    receiver.settimeout(0.5)
+    env = clean_env({"NOTIFY_SOCKET": str(notify_path)})
+    agent = subprocess.Popen(pair.a.exec_args(*command), env=env, stderr=subprocess.PIPE)
+    messages: list[str] = []
+    try:
+        deadline = time.monotonic() + 20
+        while time.monotonic() < deadline and not (
+            "READY=1" in messages and messages.count("WATCHDOG=1") >= 3
+        ):
+            try:
+                messages += receiver.recv(4096).decode().split("\n")
+            except TimeoutError:
+                assert agent.poll() is None, agent.stderr.read() if agent.stderr else ""
+        assert "READY=1" in messages and messages.count("WATCHDOG=1") >= 3, messages
+        assert root_qdisc(pair.a.ns, "veth-a")["kind"] == "htb"
+        agent.send_signal(15)  # what `systemctl stop` does with KillSignal=SIGTERM
+        assert agent.wait(timeout=20) == 0
+        while True:
+            try:
+                messages += receiver.recv(4096).decode().split("\n")
+            except TimeoutError:
+                break
+        assert "STOPPING=1" in messages
+        assert root_qdisc(pair.a.ns, "veth-a")["kind"] == "noqueue"
+    finally:
+        if agent.poll() is None:
+            agent.kill()
+            agent.wait()
+        receiver.close()
+        os.unlink(notify_path)

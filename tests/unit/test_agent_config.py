@@ -1,0 +1,135 @@
+"""Agent configuration: file + flags, validation, defaults; health; the shipped example."""
+
+from __future__ import annotations
+
+from pathlib import Path
+
+import pytest
+
+from tensorlights.agent.config import (
+    AgentConfig,
+    OnStop,
+    build_config,
+    parse_address,
+    read_config_file,
+    with_link_rate,
+)
+from tensorlights.agent.health import Health
+from tensorlights.errors import ConfigError, LinkRateUnknownError
+from tensorlights.policy.bands import PolicyName
+
+EXAMPLE = Path(__file__).parents[2] / "systemd" / "agent.toml"
+
+
+def test_shipped_example_config_is_valid() -> None:
+    config = build_config(read_config_file(EXAMPLE, required=True), {})
+    assert config.interface == "eth0" and config.policy is PolicyName.ROTATE
+    assert config.metrics_address == ("127.0.0.1", 9731)
+
+
+def test_flags_override_the_file_and_parse_units() -> None:
+    file_values = {"interface": "eth0", "policy": "static", "interval": "10s"}
+    flags = {"interface": "eth1", "link_rate": "10gbit", "interval": "500ms", "policy": None}
+    config = build_config(file_values, flags)
+    assert config.interface == "eth1" and config.link_rate_bps == 10_000_000_000
+    assert config.interval_s == 0.5 and config.policy is PolicyName.STATIC
+
+
+def test_defaults() -> None:
+    config = build_config({"interface": "eth0"}, {})
+    assert config.policy is PolicyName.ROTATE and config.interval_s == 3.0
+    assert config.standalone and config.on_stop is OnStop.RESTORE
+    assert config.metrics_address[0] == "127.0.0.1"
+
+
+@pytest.mark.parametrize(
+    ("values", "message"),
+    [
+        ({}, "no interface"),
+        ({"interface": "eth0", "polcy": "x"}, "unknown config keys: polcy"),
+        ({"interface": "eth0", "policy": "best"}, "policy must be one of"),
+        ({"interface": "eth0", "interval": "0s"}, "positive"),
+        ({"interface": "eth0", "interval": True}, "duration"),
+        ({"interface": "eth0", "link_rate": "fast"}, "rate"),
+        ({"interface": "eth0", "metrics_address": "localhost"}, "HOST:PORT"),
+        ({"interface": "eth0", "on_stop": "explode"}, "on_stop"),
+        ({"interface": "eth0", "unmanaged_share": 0.0}, "unmanaged_share"),
+        ({"interface": "a/b"}, "not a valid Linux name"),
+        ({"interface": "eth0", "standalone": False}, "no controller client"),
+        ({"interface": "eth0", "controller": "c:1"}, "no controller client"),
+        ({"interface": "eth0", "health_max_age": "100ms"}, "health_max_age"),
+        ({"interface": "eth0", "discovery": {"torch_ps_ranks": [-1]}}, "non-negative"),
+        ({"interface": "eth0", "discovery": {"extra": 1}}, "unknown [discovery] keys"),
+        ({"interface": "eth0", "discovery": {"rule": [{"name": "r"}]}}, "rule r"),
+    ],
+)
+def test_invalid_configs_are_refused_with_a_clear_message(
+    values: dict[str, object], message: str
+) -> None:
+    with pytest.raises(ConfigError) as caught:
+        build_config(values, {})
+    assert message in str(caught.value)
+
+
+def test_discovery_rules_from_the_file() -> None:
+    config = build_config(
+        {
+            "interface": "eth0",
+            "discovery": {
+                "torch_ps_ranks": [0],
+                "slurm_ps_procids": [0, 1],
+                "rule": [{"name": "r", "role": "ps", "job": "j-${X}", "env": {"A": "1"}}],
+            },
+        },
+        {},
+    )
+    assert config.discovery.torch_ps_ranks == {0}
+    assert config.discovery.slurm_ps_procids == {0, 1}
+    assert config.discovery.operator_rules[0].job == "j-${X}"
+
+
+def test_config_file_errors(tmp_path: Path) -> None:
+    assert read_config_file(tmp_path / "absent.toml", required=False) == {}
+    with pytest.raises(ConfigError, match="does not exist"):
+        read_config_file(tmp_path / "absent.toml", required=True)
+    bad = tmp_path / "bad.toml"
+    bad.write_text("interface = \n")
+    with pytest.raises(ConfigError, match=r"bad\.toml"):
+        read_config_file(bad, required=True)
+
+
+def test_link_rate_from_sysfs_or_a_clear_error(tmp_path: Path) -> None:
+    (tmp_path / "eth0").mkdir()
+    (tmp_path / "eth0" / "speed").write_text("25000\n")
+    (tmp_path / "veth0").mkdir()
+    (tmp_path / "veth0" / "speed").write_text("-1\n")
+    assert with_link_rate(AgentConfig("eth0"), tmp_path).link_rate_bps == 25_000_000_000
+    with pytest.raises(LinkRateUnknownError, match="--link-rate"):
+        with_link_rate(AgentConfig("veth0"), tmp_path)
+    with pytest.raises(LinkRateUnknownError):
+        with_link_rate(AgentConfig("nosuch"), tmp_path)
+
+
+def test_parse_address() -> None:
+    assert parse_address("0.0.0.0:9100") == ("0.0.0.0", 9100)
+    assert parse_address("[::1]:9100") == ("::1", 9100)
+    for bad in ("9100", "h:0", "h:99999", "h:x"):
+        with pytest.raises(ConfigError):
+            parse_address(bad)
+
+
+def test_health_turns_unhealthy_when_successes_stop() -> None:
+    now = [100.0]
+    health = Health(max_age_s=2.0, clock=lambda: now[0])
+    assert health.check() == (True, "starting")
+    now[0] = 103.0
+    health.failure("InterfaceNotFoundError: eth9")
+    ok, reason = health.check()
+    assert not ok and "eth9" in reason
+    health.success()
+    assert health.check()[0]
+    now[0] = 104.5
+    assert health.check()[0]
+    now[0] = 105.5  # a hung loop: nothing recorded at all
+    ok, reason = health.check()
+    assert not ok and "not progressing" in reason
