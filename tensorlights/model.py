@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import functools
 import math
 from dataclasses import dataclass, field
 
@@ -136,6 +137,7 @@ class DiscoverySnapshot:
     def jobs(self) -> tuple[str, ...]:
         return tuple(sorted({task.job for task in self.tasks}))
 
+    @functools.cached_property
     def _ports_by_job(self) -> dict[str, set[int]]:
         ports: dict[str, set[int]] = {}
         for task in self.tasks:
@@ -149,7 +151,7 @@ class DiscoverySnapshot:
         port filter cannot tell those jobs apart, so such a port is given to no job."""
         seen: set[int] = set()
         contested: set[int] = set()
-        for ports in self._ports_by_job().values():
+        for ports in self._ports_by_job.values():
             contested |= seen & ports
             seen |= ports
         return frozenset(contested)
@@ -157,5 +159,9 @@ class DiscoverySnapshot:
     def job_ports(self) -> dict[str, frozenset[int]]:
         """Local ports of each job's PS sockets in the agent's own network namespace (the
         ones its interface's egress filters can see), less the contested ones."""
+        return dict(self._job_ports)
+
+    @functools.cached_property
+    def _job_ports(self) -> dict[str, frozenset[int]]:
         contested = self.contested_ports()
-        return {job: frozenset(ports - contested) for job, ports in self._ports_by_job().items()}
+        return {job: frozenset(ports - contested) for job, ports in self._ports_by_job.items()}

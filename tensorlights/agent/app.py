@@ -191,9 +191,10 @@ class AgentApp:
         self.metrics.observe_bands(result.plan.bands, green_before, green_for)
         if result.plan.rotated and result.plan.green is not None:
             self.metrics.rotations.inc()
-            self._history.append(
-                {"job": result.plan.green, "since": self._to_wall(result.plan.green_since)}
-            )
+            since = result.plan.green_since
+            if since is not None:
+                since += self._wall() - self._clock()
+            self._history.append({"job": result.plan.green, "since": since})
             del self._history[:-20]
             log.info("green light -> %s", result.plan.green)
         for problem in set(result.snapshot.problems) - set(
@@ -243,31 +244,42 @@ class AgentApp:
 
     # Status ----------------------------------------------------------------------------
 
-    def _to_wall(self, monotonic: float | None) -> float | None:
-        if monotonic is None:
-            return None
-        return self._wall() + (monotonic - self._clock())
-
     def _publish(self) -> None:
-        result = self._last_pass
+        """Hand the status socket what it needs to render the status, when asked."""
+        result, config, error = self._last_pass, self.config, self._last_error
+        history = list(self._history)
+        offset = self._wall() - self._clock()  # monotonic -> wall clock, fixed per pass
+        self.board.publish(lambda: self._render(result, config, error, history, offset))
+
+    def _render(
+        self,
+        result: PassResult | None,
+        config: AgentConfig,
+        last_error: str,
+        history: list[dict[str, Any]],
+        offset: float,
+    ) -> dict[str, Any]:
+        def wall(monotonic: float | None) -> float | None:
+            return None if monotonic is None else monotonic + offset
+
         healthy, health_reason = self.health.check()
         document: dict[str, Any] = {
             "version": __version__,
-            "interface": self.config.interface,
-            "link_rate_bps": self.config.link_rate_bps,
-            "policy": self.config.policy.value,
-            "interval_s": self.config.interval_s,
-            "standalone": self.config.standalone,
+            "interface": config.interface,
+            "link_rate_bps": config.link_rate_bps,
+            "policy": config.policy.value,
+            "interval_s": config.interval_s,
+            "standalone": config.standalone,
             "healthy": healthy,
             "health": health_reason,
-            "last_error": self._last_error,
-            "rotations": {"recent": list(self._history)},
+            "last_error": last_error,
+            "rotations": {"recent": history},
         }
         if result is not None:
             plan = result.plan
             document.update(
                 last_pass={
-                    "at": self._to_wall(result.at),
+                    "at": wall(result.at),
                     "duration_s": result.duration_s,
                     "kernel_ops": result.kernel_ops,
                     "full_resync": result.full_resync,
@@ -278,11 +290,11 @@ class AgentApp:
             )
             document["rotations"].update(
                 green=plan.green,
-                green_since=self._to_wall(plan.green_since),
+                green_since=wall(plan.green_since),
                 next=plan.order[1] if len(plan.order) > 1 else None,
-                next_at=self._to_wall(plan.next_change_at),
+                next_at=wall(plan.next_change_at),
             )
-        self.board.publish(document)
+        return document
 
 
 def load_config_function(

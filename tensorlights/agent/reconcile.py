@@ -71,6 +71,7 @@ class Reconciler:
         self._written: DatapathSpec | None = None
         self._next_resync = float("-inf")
         self._fifo_cleared = False
+        self._scanned: tuple[float, DiscoverySnapshot] | None = None
 
     def reconfigure(self, config: AgentConfig) -> None:
         """A reloaded config: keeps the arrival order when the policy stays the same."""
@@ -86,11 +87,17 @@ class Reconciler:
     def force_resync(self) -> None:
         """Read the kernel back at the next pass (after errors, reloads, link changes)."""
         self._written = None
+        self._scanned = None
         self._next_resync = float("-inf")
 
     def run_pass(self) -> PassResult:
         now = self._clock()
-        snapshot = self.scanner.scan()
+        # A pass woken early for the light's slot boundary reuses a fresh enough scan.
+        if self._scanned is not None and now - self._scanned[0] < self.config.scan_interval_s / 2:
+            snapshot = self._scanned[1]
+        else:
+            snapshot = self.scanner.scan()
+            self._scanned = (now, snapshot)
         scanned = self._clock()
         plan = self.policy.evaluate(now, shaped_jobs(snapshot))
         spec = desired_spec(self.config, snapshot, plan)

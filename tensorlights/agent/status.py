@@ -11,6 +11,7 @@ import json
 import os
 import socket
 import threading
+from collections.abc import Callable
 from pathlib import Path
 from typing import Any
 
@@ -20,21 +21,24 @@ MAX_STATUS_BYTES = 16 * 1024 * 1024
 
 
 class StatusBoard:
-    """The latest status document, written by the loop and read by the socket server."""
+    """The latest status, published by the loop as a function of immutable state and only
+    rendered when someone asks (the loop runs 4 times a second; `status` rarely)."""
 
     def __init__(self) -> None:
         self._lock = threading.Lock()
-        self._document: dict[str, Any] = {"state": "starting"}
+        self._render: Callable[[], dict[str, Any]] = lambda: {"state": "starting"}
 
-    def publish(self, document: dict[str, Any]) -> None:
-        encoded = json.dumps(document, sort_keys=True)
+    def publish(self, render: Callable[[], dict[str, Any]]) -> None:
         with self._lock:
-            self._document = document
-            self._encoded = encoded.encode()
+            self._render = render
+
+    def document(self) -> dict[str, Any]:
+        with self._lock:
+            render = self._render
+        return render()
 
     def encoded(self) -> bytes:
-        with self._lock:
-            return getattr(self, "_encoded", json.dumps(self._document).encode())
+        return json.dumps(self.document(), sort_keys=True).encode()
 
 
 class StatusServer:

@@ -9,7 +9,9 @@ vanished and `ProcessHidden` when it exists but cannot be read; callers never ta
 from __future__ import annotations
 
 import os
+import select
 import time
+from collections.abc import Iterable, Mapping
 from dataclasses import dataclass
 from pathlib import Path
 
@@ -120,27 +122,74 @@ class ProcFs:
         except PermissionError as exc:
             raise ProcessHidden(pid) from exc
 
+    def pidfd(self, key: ProcKey) -> int | None:
+        """A pidfd for exactly this process (verified after opening), or None where the
+        kernel has no pidfd_open (< 5.3): then callers re-check the start time instead."""
+        try:
+            fd = os.pidfd_open(key.pid)
+        except ProcessLookupError as exc:
+            raise ProcessGone(key.pid) from exc
+        except PermissionError as exc:
+            raise ProcessHidden(key.pid) from exc
+        except OSError:
+            return None
+        try:
+            if self.stat(key.pid).key != key:
+                raise ProcessGone(key.pid)
+        except BaseException:
+            os.close(fd)
+            raise
+        return fd
+
+    @staticmethod
+    def exited(pidfds: Iterable[int]) -> set[int]:
+        """Which of these pidfds' processes have exited (one poll, no waiting)."""
+        poller = select.poll()
+        for fd in pidfds:
+            poller.register(fd, select.POLLIN)
+        return {fd for fd, _ in poller.poll(0)}
+
+    def fd_count(self, pid: int) -> int:
+        """Open descriptors, from the size the kernel reports for /proc/PID/fd (Linux 6.2+;
+        0 on older kernels, which makes callers read the directory)."""
+        try:
+            return os.stat(f"{self._prefix}/{pid}/fd").st_size
+        except (FileNotFoundError, ProcessLookupError) as exc:
+            raise ProcessGone(pid) from exc
+        except PermissionError as exc:
+            raise ProcessHidden(pid) from exc
+
     def socket_inodes(self, pid: int) -> set[int]:
         """Inodes of the sockets in the process's file table (shared by its threads)."""
+        return {inode for inode in self.fd_sockets(pid).values() if inode}
+
+    def fd_sockets(self, pid: int, known: Mapping[str, int] | None = None) -> dict[str, int]:
+        """Descriptor number -> socket inode (0: not a socket) for every open descriptor.
+        Descriptors in `known` are taken from it instead of read again (the caller decides
+        how long its knowledge stays good: a descriptor number may be closed and reused)."""
         fd_dir = f"{self._prefix}/{pid}/fd"
-        inodes: set[int] = set()
         try:
             names = os.listdir(fd_dir)
         except (FileNotFoundError, ProcessLookupError) as exc:
             raise ProcessGone(pid) from exc
         except PermissionError as exc:
             raise ProcessHidden(pid) from exc
+        known = known or {}
+        found: dict[str, int] = {}
         prefix_len = len(SOCKET_LINK_PREFIX)
         for name in names:
-            try:
-                target = os.readlink(f"{fd_dir}/{name}")
-            except (FileNotFoundError, ProcessLookupError):
-                continue  # that descriptor was closed meanwhile
-            except PermissionError as exc:
-                raise ProcessHidden(pid) from exc
-            if target.startswith(SOCKET_LINK_PREFIX):
-                inodes.add(int(target[prefix_len:-1]))
-        return inodes
+            inode = known.get(name)
+            if inode is None:
+                try:
+                    target = os.readlink(f"{fd_dir}/{name}")
+                except (FileNotFoundError, ProcessLookupError):
+                    continue  # that descriptor was closed meanwhile
+                except PermissionError as exc:
+                    raise ProcessHidden(pid) from exc
+                is_socket = target.startswith(SOCKET_LINK_PREFIX)
+                inode = int(target[prefix_len:-1]) if is_socket else 0
+            found[name] = inode
+        return found
 
     def netns_inode(self, pid: int | str) -> int:
         try:

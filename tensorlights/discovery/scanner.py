@@ -8,14 +8,20 @@ Each scan:
    an old process; a PID reused between two scans);
 3. children of a PS that identify as nothing themselves belong to its job (sticky: they stay
    in it after the PS exits and they are re-parented);
-4. reads the socket inodes of every PS process's file table, then one inet_diag dump per
-   network namespace that holds a PS, and joins them by inode. A socket is attributed only if
-   a process whose (pid, start time) was verified after reading its descriptors holds it, so
-   a port taken over by another process, or a reused PID, is never the old job's.
+4. reads the socket inodes of every PS process's file table (a descriptor number already seen
+   is re-read once per `socket_refresh_s`; new numbers at once), then one inet_diag dump per
+   network namespace that holds a PS (skipped while no new inode appeared, up to
+   `socket_refresh_s`), and joins them by inode. A new socket is a new descriptor number,
+   unless it reuses a number closed since the last scan: then it is seen within
+   `socket_refresh_s` (1 s); connections accepted on a known listener share its port anyway.
+   A socket is attributed only if a process whose (pid, start time) was verified after
+   reading its descriptors holds it, so a port taken over by another process, or a reused
+   PID, is never the old job's.
 """
 
 from __future__ import annotations
 
+import os
 import time
 from collections.abc import Callable, Iterable
 from dataclasses import dataclass
@@ -46,6 +52,18 @@ class _Entry:
     inherited: bool = False
     netns: int | None = None
     last_sockets: tuple[frozenset[int], tuple[PsConnection, ...]] | None = None
+    fds: dict[str, int] | None = None
+    """Descriptor -> socket inode as last read, trusted until `fds_fresh_until`."""
+    fds_fresh_until: float = float("-inf")
+    pidfd: int | None = None
+    """Open while it is a PS: tells race-free whether this very process has exited."""
+
+
+@dataclass(frozen=True)
+class _Dump:
+    wanted: frozenset[int]
+    found: dict[int, TcpSocket]
+    at: float
 
 
 @dataclass(frozen=True)
@@ -66,6 +84,7 @@ class Scanner:
         clock: Callable[[], float] = time.monotonic,
         exec_grace_s: float = 3.0,
         full_sweep_s: float = 5.0,
+        socket_refresh_s: float = 1.0,
     ) -> None:
         self.rules = rules
         self._proc = procfs or ProcFs()
@@ -74,10 +93,14 @@ class Scanner:
         self._full_sweep_s = full_sweep_s
         self._entries: dict[int, _Entry] = {}
         self._last_sweep = float("-inf")
+        self._socket_refresh_s = socket_refresh_s
         self._diag: dict[int, SockDiag] = {}
+        self._dumped: dict[int, _Dump] = {}
         self.agent_netns = self._proc.netns_inode("self")
 
     def close(self) -> None:
+        for pid in list(self._entries):
+            self._forget(pid)
         for diag in self._diag.values():
             diag.close()
         self._diag.clear()
@@ -91,7 +114,13 @@ class Scanner:
     def set_rules(self, rules: DiscoveryRules) -> None:
         """New rules (a config reload): every process is classified again at the next scan."""
         self.rules = rules
-        self._entries.clear()
+        for pid in list(self._entries):
+            self._forget(pid)
+
+    def _forget(self, pid: int) -> None:
+        entry = self._entries.pop(pid, None)
+        if entry is not None and entry.pidfd is not None:
+            os.close(entry.pidfd)
 
     # The scan --------------------------------------------------------------------------
 
@@ -99,7 +128,7 @@ class Scanner:
         now = self._clock()
         pids = set(self._proc.pids())
         for pid in self._entries.keys() - pids:
-            del self._entries[pid]
+            self._forget(pid)
         changed: list[_Entry] = []
         for pid in sorted(pids - self._entries.keys()):
             changed.extend(self._inspect(pid, now))
@@ -159,7 +188,7 @@ class Scanner:
             return []  # the full sweep settles it
         if cmdline == entry.cmdline:
             return []
-        del self._entries[entry.key.pid]
+        self._forget(entry.key.pid)
         return self._inspect(entry.key.pid, now)
 
     def _recheck(self, entry: _Entry, now: float) -> list[_Entry]:
@@ -169,13 +198,13 @@ class Scanner:
             stat = self._proc.stat(pid)
             cmdline = self._proc.cmdline_bytes(pid)
         except ProcessGone:
-            self._entries.pop(pid, None)
+            self._forget(pid)
             return []
         except ProcessHidden:
             return []
         if stat.key == entry.key and cmdline == entry.cmdline and not entry.hidden:
             return []
-        del self._entries[pid]
+        self._forget(pid)
         return self._inspect(pid, now)
 
     def _inherit(self, entries: Iterable[_Entry]) -> None:
@@ -208,12 +237,18 @@ class Scanner:
             read = self._read_fds(entry)
             if read != "gone":
                 inodes_of[entry.key.pid] = (entry, read if isinstance(read, set) else None)
+        # Checked after the descriptors were read: they belonged to these very processes.
+        pidfds = {e.pidfd: pid for pid, (e, _) in inodes_of.items() if e.pidfd is not None}
+        for fd in self._proc.exited(pidfds):
+            self._forget(pidfds[fd])
+            del inodes_of[pidfds[fd]]
         by_netns: dict[int, list[tuple[_Entry, set[int] | None]]] = {}
         for entry, inodes in inodes_of.values():
             assert entry.netns is not None
             by_netns.setdefault(entry.netns, []).append((entry, inodes))
         for netns in self._diag.keys() - by_netns.keys():
             self._diag.pop(netns).close()
+            self._dumped.pop(netns, None)
 
         tasks: list[PsTask] = []
         for netns, members in by_netns.items():
@@ -242,14 +277,24 @@ class Scanner:
         """The socket inodes of a PS; "hidden" if unreadable now; "gone" if it exited."""
         pid = entry.key.pid
         try:
-            inodes = self._proc.socket_inodes(pid)
-            # Verified after the read: these descriptors belonged to this very process.
-            if self._proc.stat(pid).key != entry.key:
-                raise ProcessGone(pid)
+            if entry.pidfd is None:
+                entry.pidfd = self._proc.pidfd(entry.key)
+            now = self._clock()
+            trusted = entry.fds if now < entry.fds_fresh_until else None
+            if trusted is not None and self._proc.fd_count(pid) == len(trusted):
+                fds = trusted  # same count within the refresh period: nothing opened
+            else:
+                fds = self._proc.fd_sockets(pid, trusted)
+                if trusted is None:
+                    entry.fds_fresh_until = now + self._socket_refresh_s
+            entry.fds = fds
+            inodes = {inode for inode in fds.values() if inode}
+            if entry.pidfd is None and self._proc.stat(pid).key != entry.key:
+                raise ProcessGone(pid)  # no pidfds here: the start time tells instead
             if entry.netns is None:
                 entry.netns = self._proc.netns_inode(pid)
         except ProcessGone:
-            self._entries.pop(pid, None)
+            self._forget(pid)
             return "gone"
         except ProcessHidden:
             if entry.netns is None:
@@ -259,16 +304,29 @@ class Scanner:
         return inodes
 
     def _dump(self, netns: int, pids: list[int], wanted: set[int]) -> dict[int, TcpSocket] | None:
-        """The wanted sockets of one namespace by inode, None when it cannot be read."""
+        """The wanted sockets of one namespace by inode, None when it cannot be read.
+
+        The kernel's dump walks its whole TCP hash table (~2 ms even when few sockets match),
+        so it is skipped while the PS processes hold no socket inode that the last dump was
+        not asked about, for at most `socket_refresh_s`: a socket's ports never change once
+        it is bound, and a new socket is a new inode. The refresh catches a socket that was
+        still unbound at the last dump and has started to listen or connect since."""
+        now = self._clock()
+        last = self._dumped.get(netns)
+        if last is not None and wanted <= last.wanted and now - last.at < self._socket_refresh_s:
+            return {inode: last.found[inode] for inode in wanted if inode in last.found}
         for attempt in range(2):
             try:
                 diag = self._diag_for(netns, pids)
-                return {sock.inode: sock for sock in diag.tcp_sockets(wanted)}
+                found = {sock.inode: sock for sock in diag.tcp_sockets(wanted)}
+                self._dumped[netns] = _Dump(frozenset(wanted), found, now)
+                return found
             except TransientError:
                 if attempt:
                     return None
             except (TensorLightsError, OSError):
                 self._diag.pop(netns, None)
+                self._dumped.pop(netns, None)
                 return None
         return None
 

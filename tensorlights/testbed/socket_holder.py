@@ -7,7 +7,7 @@ Opens one listener (on --port, or an ephemeral one like TensorPipe's), makes --c
 connections to it and accepts them, optionally connects out to --connect, optionally starts a
 child (fork + exec, without the variables named by --child-unset) that opens a listener of its
 own; prints one JSON line with its pid and the local ports it holds, then keeps everything open
-until its stdin closes (or it is killed).
+until its stdin closes (or it is killed); a line "listen" on stdin opens one more listener.
 """
 
 from __future__ import annotations
@@ -51,6 +51,13 @@ class Holder:
     @property
     def ports(self) -> set[int]:
         return {self.report["listen_port"], *self.report["connection_ports"]}
+
+    def listen_more(self) -> int:
+        """Make the process open one more listener now; its port."""
+        assert self.proc.stdin is not None and self.proc.stdout is not None
+        self.proc.stdin.write("listen\n")
+        self.proc.stdin.flush()
+        return int(json.loads(self.proc.stdout.readline())["listen_port"])
 
     def stop(self) -> None:
         if self.proc.poll() is None:
@@ -146,7 +153,12 @@ def main(argv: list[str] | None = None) -> int:
             pipe.write(json.dumps(report))
     else:
         print(json.dumps(report), flush=True)
-    sys.stdin.read()
+    for line in sys.stdin:  # until EOF; "listen" opens one more listener and reports it
+        if line.strip() == "listen" and args.report_fd is None:
+            extra = _listener(args.host, 0)
+            held.append(extra)
+            reply = {"listen_port": extra.getsockname()[1], "listened_at": time.monotonic()}
+            print(json.dumps(reply), flush=True)
     if child["pid"]:
         os.waitpid(child["pid"], 0)
     return 0

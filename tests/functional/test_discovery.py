@@ -5,7 +5,7 @@ from __future__ import annotations
 import subprocess
 import sys
 import uuid
-from collections.abc import Iterator
+from collections.abc import Iterator, Mapping
 from pathlib import Path
 
 import pytest
@@ -130,6 +130,21 @@ def test_ps_that_execs_after_a_launcher_fork_is_found_quickly() -> None:
             holder.stop()
 
 
+def test_new_socket_of_a_known_ps_is_found() -> None:
+    """Descriptor caching must not hide a socket opened after the PS was first seen."""
+    with holders() as start, new_scanner() as scanner:
+        holder = start({"TENSORLIGHTS_JOB": "j", "TENSORLIGHTS_ROLE": "ps"}, "--connections", "2")
+        scan_until(scanner, has_ports(holder))
+        for _ in range(3):
+            port = holder.listen_more()
+
+            def found(snapshot: DiscoverySnapshot, port: int = port) -> bool:
+                task = task_of(snapshot, holder.pid)
+                return task is not None and port in task.listen_ports
+
+            assert found(scan_until(scanner, found, deadline_s=2)), port
+
+
 def test_malformed_launcher_environment_is_reported_not_ignored() -> None:
     with holders() as start, new_scanner() as scanner:
         holder = start({"TF_CONFIG": '{"cluster": {"ps": ["a:1"]}, "task": {"type": "ps"'})
@@ -201,9 +216,13 @@ class _KillingProcFs(ProcFs):
         self._kill_if("facts", key.pid)
         return super().facts(key)
 
-    def socket_inodes(self, pid: int) -> set[int]:
+    def fd_count(self, pid: int) -> int:
         self._kill_if("fds", pid)
-        return super().socket_inodes(pid)
+        return super().fd_count(pid)
+
+    def fd_sockets(self, pid: int, known: Mapping[str, int] | None = None) -> dict[str, int]:
+        self._kill_if("fds", pid)
+        return super().fd_sockets(pid, known)
 
 
 @pytest.mark.parametrize("stage", ["facts", "fds"])
