@@ -73,73 +73,78 @@ def create_pair(
             run(["ip", "netns", "add", ns])
             pair.namespaces.append(ns)
             run(in_ns(ns, "ip", "link", "set", "lo", "up"))
-        run(
-            [
-                "ip",
-                "-n",
-                ns_a,
-                "link",
-                "add",
-                "veth-a",
-                "type",
-                "veth",
-                "peer",
-                "name",
-                "veth-b",
-                "netns",
-                ns_b,
-            ]
-        )
-        for host in (pair.a, pair.b):
-            run(in_ns(host.ns, "ip", "addr", "add", f"{host.ipv4}/24", "dev", host.ifname))
-            run(
-                in_ns(
-                    host.ns,
-                    "ip",
-                    "-6",
-                    "addr",
-                    "add",
-                    f"{host.ipv6}/64",
-                    "dev",
-                    host.ifname,
-                    "nodad",
-                )
-            )
-            run(in_ns(host.ns, "ip", "link", "set", host.ifname, "up"))
-            if offloads_off:
-                _disable_offloads(host.ns, host.ifname)
-            # net.ipv4.tcp_congestion_control cannot be set per netns here: set it per route.
-            run(
-                in_ns(
-                    host.ns,
-                    "ip",
-                    "route",
-                    "replace",
-                    "10.77.0.0/24",
-                    "dev",
-                    host.ifname,
-                    "congctl",
-                    congctl,
-                )
-            )
-            run(
-                in_ns(
-                    host.ns,
-                    "ip",
-                    "-6",
-                    "route",
-                    "replace",
-                    "fd00:77::/64",
-                    "dev",
-                    host.ifname,
-                    "congctl",
-                    congctl,
-                )
-            )
+        link_pair(pair, offloads_off, congctl)
     except BaseException:
         destroy(pair.namespaces)
         raise
     return pair
+
+
+def link_pair(pair: HostPair, offloads_off: bool = True, congctl: str = "cubic") -> None:
+    """(Re)create the veth link between the pair's namespaces, with addresses and routes."""
+    run(
+        [
+            "ip",
+            "-n",
+            pair.a.ns,
+            "link",
+            "add",
+            "veth-a",
+            "type",
+            "veth",
+            "peer",
+            "name",
+            "veth-b",
+            "netns",
+            pair.b.ns,
+        ]
+    )
+    for host in (pair.a, pair.b):
+        run(in_ns(host.ns, "ip", "addr", "add", f"{host.ipv4}/24", "dev", host.ifname))
+        run(
+            in_ns(
+                host.ns,
+                "ip",
+                "-6",
+                "addr",
+                "add",
+                f"{host.ipv6}/64",
+                "dev",
+                host.ifname,
+                "nodad",
+            )
+        )
+        run(in_ns(host.ns, "ip", "link", "set", host.ifname, "up"))
+        if offloads_off:
+            _disable_offloads(host.ns, host.ifname)
+        # net.ipv4.tcp_congestion_control cannot be set per netns here: set it per route.
+        run(
+            in_ns(
+                host.ns,
+                "ip",
+                "route",
+                "replace",
+                "10.77.0.0/24",
+                "dev",
+                host.ifname,
+                "congctl",
+                congctl,
+            )
+        )
+        run(
+            in_ns(
+                host.ns,
+                "ip",
+                "-6",
+                "route",
+                "replace",
+                "fd00:77::/64",
+                "dev",
+                host.ifname,
+                "congctl",
+                congctl,
+            )
+        )
 
 
 def destroy(namespaces: Sequence[str]) -> None:

@@ -295,3 +295,22 @@ def test_plan_dry_run_shows_the_jobs_and_touches_nothing(
     assert {tuple(job["ports"]) for job in plan["jobs"]} >= {(5001,), (5002,)}
     assert plan["installs_root_qdisc"] is True and plan["operations"]
     assert root_qdisc(pair.a.ns, "veth-a")["kind"] == "noqueue"
+
+
+def test_interface_deleted_and_recreated_is_shaped_again(
+    pair: netns.HostPair,
+    ps_jobs: dict[str, subprocess.Popen[str]],
+    agents: list[AgentProcess],
+    tmp_path: Path,
+) -> None:
+    agent = AgentProcess(pair, tmp_path, "--interval", "1s")
+    agents.append(agent)
+    agent.wait_status(two_jobs_known)
+    netns.run(["ip", "-n", pair.a.ns, "link", "del", "veth-a"])
+    agent.wait_status(lambda d: "veth-a" in d["last_error"])
+    assert agent.proc.poll() is None  # it waits for the interface, it does not exit
+    netns.link_pair(pair)  # a new veth-a, with a new ifindex
+    agent.wait_status(lambda d: d["last_error"] == "" and two_jobs_known(d))
+    assert root_qdisc(pair.a.ns, "veth-a")["kind"] == "htb"
+    _code, text = agent.http("/metrics")
+    assert metric(text, "tensorlights_reconcile_errors_total", 'kind="InterfaceNotFoundError"') >= 1
