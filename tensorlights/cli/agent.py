@@ -197,6 +197,7 @@ def _loader(config_path: Path | None, flags: dict[str, Any]) -> Callable[[], Age
     default="info",
     show_default=True,
 )
+@reports_errors
 def run(config_path: Path | None, log_level: str, **flags: Any) -> None:
     """Run the agent: discover PS jobs, shape DEV, rotate the green light (systemd runs this).
 

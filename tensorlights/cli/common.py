@@ -10,18 +10,22 @@ from typing import Any, TypeVar
 
 import click
 
-from tensorlights.errors import TensorLightsError
+from tensorlights.errors import ConfigError, TensorLightsError
 
 F = TypeVar("F", bound=Callable[..., Any])
 
 
 def reports_errors(func: F) -> F:
-    """Turn our typed errors into one clear line on stderr and exit code 1 (no traceback)."""
+    """Turn our typed errors into one clear line on stderr (no traceback) and an exit code:
+    2 for a bad configuration or value (nothing was done), 1 for any other error."""
 
     @functools.wraps(func)
     def wrapper(*args: Any, **kwargs: Any) -> Any:
         try:
             return func(*args, **kwargs)
+        except ConfigError as exc:
+            click.echo(f"error: {exc}", err=True)
+            sys.exit(2)
         except TensorLightsError as exc:
             click.echo(f"error: {exc}", err=True)
             sys.exit(1)
