@@ -16,8 +16,9 @@ import os
 import socket
 import struct
 import threading
-from collections.abc import Iterator
+from collections.abc import Callable, Iterator
 from dataclasses import dataclass
+from typing import TypeVar
 
 from tensorlights.errors import (
     NetlinkRequestError,
@@ -25,6 +26,8 @@ from tensorlights.errors import (
     PermanentError,
     TransientError,
 )
+
+T = TypeVar("T")
 
 NETLINK_ROUTE = 0
 NETLINK_SOCK_DIAG = 4
@@ -69,11 +72,12 @@ def _open_socket(protocol: int) -> socket.socket:
     return sock
 
 
-def _open_socket_in_netns(netns: str, protocol: int) -> socket.socket:
-    """Create the socket from a helper thread that first joins the namespace: a socket stays
-    in the namespace it was created in, and setns() only moves the calling thread."""
+def call_in_netns(netns: str, make: Callable[[], T]) -> T:
+    """Run `make` on a helper thread that first joins the namespace (a name under /run/netns
+    or a path such as /proc/PID/ns/net). For making sockets: a socket stays in the namespace
+    it was created in, and setns() only moves the calling thread."""
     path = netns if netns.startswith("/") else f"/run/netns/{netns}"
-    result: list[socket.socket | BaseException] = []
+    result: list[T | BaseException] = []
 
     def worker() -> None:
         try:
@@ -85,7 +89,7 @@ def _open_socket_in_netns(netns: str, protocol: int) -> socket.socket:
                     raise OSError(err, f"setns({path}): {os.strerror(err)}")
             finally:
                 os.close(fd)
-            result.append(_open_socket(protocol))
+            result.append(make())
         except BaseException as exc:  # handed to the caller's thread
             result.append(exc)
 
@@ -98,6 +102,10 @@ def _open_socket_in_netns(netns: str, protocol: int) -> socket.socket:
             raise PermanentError(f"network namespace {netns!r} does not exist") from outcome
         raise outcome
     return outcome
+
+
+def _open_socket_in_netns(netns: str, protocol: int) -> socket.socket:
+    return call_in_netns(netns, lambda: _open_socket(protocol))
 
 
 class NetlinkSocket:

@@ -26,7 +26,13 @@ from typing import Any
 from prometheus_client import CollectorRegistry
 
 from tensorlights import __version__
-from tensorlights.agent.config import AgentConfig, OnStop, build_config, with_link_rate
+from tensorlights.agent.config import (
+    AgentConfig,
+    OnStop,
+    OnUnsupported,
+    build_config,
+    with_link_rate,
+)
 from tensorlights.agent.health import Health
 from tensorlights.agent.http import MetricsServer
 from tensorlights.agent.metrics import AgentMetrics
@@ -34,6 +40,8 @@ from tensorlights.agent.reconcile import PassResult, Reconciler
 from tensorlights.agent.sdnotify import Notifier
 from tensorlights.agent.status import StatusBoard, StatusServer
 from tensorlights.datapath import open_datapath
+from tensorlights.datapath.dscp import DscpMarker
+from tensorlights.datapath.nft import Nft
 from tensorlights.discovery.scanner import Scanner
 from tensorlights.errors import (
     ForeignQdiscError,
@@ -41,6 +49,7 @@ from tensorlights.errors import (
     PermanentError,
     TensorLightsError,
     TransientError,
+    UnsupportedKernelError,
 )
 from tensorlights.views import snapshot_view
 
@@ -102,8 +111,9 @@ class AgentApp:
             "htb", config.state_dir, take_over_foreign=config.take_over_foreign_qdisc
         )
         datapath.link(config.interface)  # InterfaceNotFoundError now, before anything else
+        marker = self._make_marker(config)
         scanner = Scanner(config.discovery)
-        reconciler = Reconciler(config, scanner, datapath, self._clock)
+        reconciler = Reconciler(config, scanner, datapath, self._clock, marker)
         metrics_server = MetricsServer(config.metrics_address, self.registry, self.health)
         status_server = StatusServer(config.status_socket, self.board)
         metrics_server.start()
@@ -139,6 +149,22 @@ class AgentApp:
         restore = self.config.on_stop is OnStop.RESTORE
         self._shutdown(reconciler, scanner, metrics_server, status_server, restore=restore)
         return 0
+
+    def _make_marker(self, config: AgentConfig) -> DscpMarker | None:
+        """DSCP marking as configured; off with a loud warning only if the config says so."""
+        self.metrics.dscp_enabled.set(0)
+        if not config.dscp_enabled:
+            return None
+        try:
+            marker = DscpMarker(Nft())
+            marker.probe()
+        except UnsupportedKernelError as exc:
+            if config.dscp_on_unsupported is OnUnsupported.WARN:
+                log.warning("DSCP MARKING IS OFF (dscp.on_unsupported = warn): %s", exc)
+                return None
+            raise
+        self.metrics.dscp_enabled.set(1)
+        return marker
 
     def _one_pass(self, reconciler: Reconciler) -> float:
         """Run a pass; how long to wait before the next."""
@@ -215,6 +241,11 @@ class AgentApp:
         ):
             log.warning("metrics_address and status_socket changes take effect at restart")
         reconciler.reconfigure(config)
+        if config.dscp_enabled and reconciler.marker is None:
+            try:
+                reconciler.marker = self._make_marker(config)
+            except TensorLightsError as exc:
+                log.error("DSCP marking stays off: %s", exc)
         self.config = config
         self.health.max_age_s = config.health_max_age_s
         log.info("config reloaded: policy %s, interval %.3gs", config.policy, config.interval_s)
@@ -240,6 +271,8 @@ class AgentApp:
             metrics_server.close()
             scanner.close()
             reconciler.datapath.sock.close()
+            if reconciler.marker is not None:
+                reconciler.marker.close()
             self.notifier.close()
 
     # Status ----------------------------------------------------------------------------
@@ -285,6 +318,11 @@ class AgentApp:
                     "full_resync": result.full_resync,
                 },
                 bands=dict(plan.bands),
+                dscp=(
+                    {job: config.dscp_bands[band] for job, band in plan.bands.items()}
+                    if config.dscp_enabled
+                    else {}
+                ),
                 order=list(plan.order),
                 discovery=snapshot_view(result.snapshot),
             )

@@ -18,6 +18,7 @@ from tensorlights.discovery.rules import DiscoveryRules, OperatorRule
 from tensorlights.errors import ConfigError, LinkRateUnknownError
 from tensorlights.model import DatapathSpec
 from tensorlights.policy.bands import PolicyName
+from tensorlights.policy.dscp_plan import DEFAULT_BAND_DSCP, validate_band_dscp
 from tensorlights.units import parse_duration, parse_rate
 
 E = TypeVar("E", bound=StrEnum)
@@ -27,6 +28,13 @@ DEFAULT_METRICS_PORT = 9731
 DEFAULT_METRICS_ADDRESS = f"127.0.0.1:{DEFAULT_METRICS_PORT}"
 DEFAULT_STATUS_SOCKET = Path("/run/tensorlights/agent.sock")
 DEFAULT_STATE_DIR = Path("/var/lib/tensorlights")
+
+
+class OnUnsupported(StrEnum):
+    ERROR = "error"
+    """Refuse to start (exit 1) when DSCP marking cannot work here (default)."""
+    WARN = "warn"
+    """Run without marking, with a loud warning and tensorlights_dscp_marking_enabled 0."""
 
 
 class OnStop(StrEnum):
@@ -55,6 +63,10 @@ class AgentConfig:
     unmanaged_share: float = 0.05
     take_over_foreign_qdisc: bool = False
     discovery: DiscoveryRules = field(default_factory=DiscoveryRules)
+    dscp_enabled: bool = True
+    dscp_bands: tuple[int, ...] = DEFAULT_BAND_DSCP
+    """DSCP of bands 0..6 (0 = green)."""
+    dscp_on_unsupported: OnUnsupported = OnUnsupported.ERROR
 
     def __post_init__(self) -> None:
         if not self.interface:
@@ -91,7 +103,9 @@ _FILE_KEYS = {
     "unmanaged_share",
     "take_over_foreign_qdisc",
     "discovery",
+    "dscp",
 }
+_DSCP_KEYS = {"enabled", "bands", "on_unsupported"}
 _DISCOVERY_KEYS = {"torch_ps_roles", "torch_ps_ranks", "slurm_ps_procids", "rule"}
 _RULE_KEYS = {"name", "role", "job", "exe", "cmdline_regex", "env"}
 
@@ -137,6 +151,7 @@ def build_config(file_values: Mapping[str, Any], overrides: Mapping[str, Any]) -
             unmanaged_share=_number(values, "unmanaged_share", 0.05),
             take_over_foreign_qdisc=_flag(values, "take_over_foreign_qdisc", False),
             discovery=_discovery(values.get("discovery", {})),
+            **_dscp(values.get("dscp", {})),
         )
     except ValueError as exc:
         raise ConfigError(str(exc)) from exc
@@ -250,3 +265,21 @@ def _discovery(table: Any) -> DiscoveryRules:
             )
         )
     return replace(rules, operator_rules=tuple(operator_rules))
+
+
+def _dscp(table: Any) -> dict[str, Any]:
+    if not isinstance(table, dict):
+        raise ConfigError("[dscp] must be a table")
+    unknown = set(table) - _DSCP_KEYS
+    if unknown:
+        raise ConfigError(f"unknown [dscp] keys: {', '.join(sorted(unknown))}")
+    bands = table.get("bands", list(DEFAULT_BAND_DSCP))
+    if not isinstance(bands, list):
+        raise ConfigError("dscp.bands must be a list of DSCP code points")
+    return {
+        "dscp_enabled": _flag(table, "enabled", True),
+        "dscp_bands": validate_band_dscp(bands),
+        "dscp_on_unsupported": _choice(
+            OnUnsupported, table.get("on_unsupported", "error"), "dscp.on_unsupported"
+        ),
+    }

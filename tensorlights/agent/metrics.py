@@ -71,6 +71,11 @@ class AgentMetrics:
             "1 while connected to the controller; 0 standalone or disconnected.",
             registry=registry,
         )
+        self.dscp_enabled = Gauge(
+            "tensorlights_dscp_marking_enabled",
+            "1 when PS packets are DSCP-marked with their band; 0 when marking is off.",
+            registry=registry,
+        )
         self._jobs_with_series: set[str] = set()
 
     def observe_bands(self, bands: dict[str, int], green: str | None, green_for_s: float) -> None:

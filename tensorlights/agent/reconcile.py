@@ -13,10 +13,12 @@ from collections.abc import Callable
 from dataclasses import dataclass
 
 from tensorlights.agent.config import AgentConfig
+from tensorlights.datapath.dscp import DscpMarker
 from tensorlights.datapath.htb import HtbDatapath, PlannedChange
 from tensorlights.discovery.scanner import Scanner
 from tensorlights.model import DatapathSpec, DiscoverySnapshot, JobShaping
 from tensorlights.policy.bands import BandPlan, BandPolicy, PolicyName
+from tensorlights.policy.dscp_plan import desired_dscp
 
 
 @dataclass(frozen=True)
@@ -62,10 +64,13 @@ class Reconciler:
         scanner: Scanner,
         datapath: HtbDatapath,
         clock: Callable[[], float] = time.monotonic,
+        marker: DscpMarker | None = None,
     ) -> None:
         self.config = config
         self.scanner = scanner
         self.datapath = datapath
+        self.marker = marker
+        """DSCP marks in nftables, updated in the same pass as the tc bands (None: off)."""
         self.policy = BandPolicy(config.policy, config.interval_s)
         self._clock = clock
         self._written: DatapathSpec | None = None
@@ -81,6 +86,9 @@ class Reconciler:
             self.scanner.set_rules(config.discovery)
         if config.interface != self.config.interface:
             self.datapath.cleanup(self.config.interface)
+        if self.marker is not None and not config.dscp_enabled:
+            self.marker.cleanup()
+            self.marker = None
         self.config = config
         self.force_resync()
 
@@ -105,15 +113,27 @@ class Reconciler:
         if spec is None:
             if self.config.policy is PolicyName.FIFO and not self._fifo_cleared:
                 self.datapath.cleanup(self.config.interface)  # observe only: no shaping left
+                if self.marker is not None:
+                    self.marker.cleanup()
                 self._fifo_cleared = True
             self._written = None
         else:
             full = now >= self._next_resync or self._written is None
             if full:
-                ops = len(self.datapath.apply(spec).ops)
+                applied = self.datapath.apply(spec)
+                ops = len(applied.ops)
+                if self.marker is not None:
+                    layout = desired_dscp(spec, applied.job_table, self.config.dscp_bands)
+                    ops += self.marker.apply(layout)
                 self._next_resync = now + self.config.resync_interval_s
             elif spec != self._written:
-                ops = len(self.datapath.rotate(spec).ops)
+                # tc first, then the marks, back to back: a job's packets carry the DSCP of
+                # another band than the one they queue in only between these two calls.
+                rotated = self.datapath.rotate(spec)
+                ops = len(rotated.ops)
+                if self.marker is not None:
+                    layout = desired_dscp(spec, rotated.job_table, self.config.dscp_bands)
+                    ops += self.marker.rotate(layout)
             self._written = spec
         return PassResult(
             at=now,
@@ -134,6 +154,9 @@ class Reconciler:
         return plan, spec, (self.datapath.plan(spec) if spec is not None else None)
 
     def stop(self, restore: bool) -> str | None:
-        if restore:
-            return self.datapath.cleanup(self.config.interface)
-        return None
+        if not restore:
+            return None
+        outcome = self.datapath.cleanup(self.config.interface)
+        if self.marker is not None and self.marker.cleanup():
+            outcome += "; removed nftables table inet tensorlights"
+        return outcome

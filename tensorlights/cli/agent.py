@@ -126,10 +126,17 @@ def show(interface: str, netns: str | None, as_json: bool) -> None:
 def cleanup(interface: str, netns: str | None, state_dir: Path) -> None:
     """Remove TensorLights from DEV and restore the root qdisc that was there before.
 
-    Only our qdisc (handle 7a1:) is touched; an interface we do not manage is left as it is.
+    Only our qdisc (handle 7a1:) and our nftables table (inet tensorlights) are touched; an
+    interface we do not manage is left as it is.
     """
     datapath = open_datapath("htb", state_dir, netns=netns)
     click.echo(datapath.cleanup(interface))
+    from tensorlights.datapath.dscp import DscpMarker
+    from tensorlights.datapath.nft import Nft
+
+    marker = DscpMarker(Nft(netns))
+    if marker.cleanup():
+        click.echo("removed nftables table inet tensorlights (DSCP marks)")
 
 
 def _config_options(func: Any) -> Any:
@@ -239,7 +246,12 @@ def plan(config_path: Path | None, dry_run: bool, as_json: bool, **flags: Any) -
     with Scanner(config.discovery) as scanner:
         band_plan, spec, change = Reconciler(config, scanner, datapath).dry_run()
     jobs = [
-        {"job": job.job, "band": job.band, "ports": sorted(job.ports)}
+        {
+            "job": job.job,
+            "band": job.band,
+            "dscp": config.dscp_bands[job.band] if config.dscp_enabled else None,
+            "ports": sorted(job.ports),
+        }
         for job in (spec.jobs if spec else ())
     ]
     operations = [repr(op) for op in change.ops] if change else []
@@ -260,7 +272,7 @@ def plan(config_path: Path | None, dry_run: bool, as_json: bool, **flags: Any) -
         return
     click.echo(f"{config.interface}: {len(jobs)} jobs, green: {band_plan.green}")
     for job in jobs:
-        click.echo(f"  band {job['band']}  {job['job']}  ports {job['ports']}")
+        click.echo(f"  band {job['band']}  dscp {job['dscp']}  {job['job']}  ports {job['ports']}")
     if change is not None and change.installs_root:
         click.echo("would install the root qdisc (replacing the current one)")
     click.echo(f"{len(operations)} tc operations:")
