@@ -97,6 +97,10 @@ class PsConnection:
     local_port: int
     peer_addr: str
     peer_port: int
+    family: int = 2
+    """AF_INET (2) or AF_INET6 (10)."""
+    kernel_id: bytes = field(default=b"", repr=False, compare=False)
+    """The kernel's inet_diag id of this socket, for per-socket tcp_info queries."""
 
 
 @dataclass(frozen=True)

@@ -226,24 +226,52 @@ class NetlinkSocket:
 
     def request_one(self, msg_type: int, payload: bytes, what: str) -> bytes:
         """A GET that answers with one message (not a dump)."""
+        answer, detail = self._exchange(msg_type, [payload])[0]
+        if isinstance(answer, int):
+            raise _map_errno(what, answer, detail)
+        return answer
+
+    def request_many(self, msg_type: int, payloads: list[bytes]) -> list[bytes | int]:
+        """One GET per payload, all sent in one sendmsg(); each answer in order: the reply
+        message, or the errno the kernel answered with (e.g. ENOENT: no such object)."""
+        return [answer for answer, _ in self._exchange(msg_type, payloads)]
+
+    def _exchange(self, msg_type: int, payloads: list[bytes]) -> list[tuple[bytes | int, str]]:
+        if not payloads:
+            return []
         with self._lock:
             self._drain()
-            seq = self._next_seq()
-            header = NLMSG_HDR.pack(NLMSG_HDR.size + len(payload), msg_type, NLM_F_REQUEST, seq, 0)
-            self._sock.sendall(header + payload)
-            while True:
+            index_of: dict[int, int] = {}
+            chunks = []
+            for i, payload in enumerate(payloads):
+                seq = self._next_seq()
+                index_of[seq] = i
+                chunks.append(
+                    NLMSG_HDR.pack(NLMSG_HDR.size + len(payload), msg_type, NLM_F_REQUEST, seq, 0)
+                )
+                chunks.append(payload)
+            self._sock.sendall(b"".join(chunks))
+            answers: list[tuple[bytes | int, str] | None] = [None] * len(payloads)
+            pending = len(payloads)
+            while pending:
                 data = self._recv()
                 offset = 0
                 while offset + NLMSG_HDR.size <= len(data):
                     length, mtype, flags, mseq, _ = NLMSG_HDR.unpack_from(data, offset)
                     chunk = data[offset : offset + length]
                     offset += (length + 3) & ~3
-                    if mseq != seq:
+                    i = index_of.get(mseq, -1)
+                    if i < 0 or answers[i] is not None:
                         continue
                     if mtype == NLMSG_ERROR:
-                        code = struct.unpack_from("=i", chunk, NLMSG_HDR.size)[0]
-                        raise _map_errno(what, -code, _extack(flags, chunk[NLMSG_HDR.size :]))
-                    return chunk
+                        code = -struct.unpack_from("=i", chunk, NLMSG_HDR.size)[0]
+                        if code == 0:
+                            continue  # an ack, not the answer
+                        answers[i] = (code, _extack(flags, chunk[NLMSG_HDR.size :]))
+                    else:
+                        answers[i] = (chunk, "")
+                    pending -= 1
+            return [answer for answer in answers if answer is not None]
 
 
 def _split(data: bytes) -> Iterator[tuple[int, int, int, bytes]]:

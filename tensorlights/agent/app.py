@@ -35,7 +35,7 @@ from tensorlights.agent.config import (
 )
 from tensorlights.agent.health import Health
 from tensorlights.agent.http import MetricsServer
-from tensorlights.agent.metrics import AgentMetrics
+from tensorlights.agent.metrics import AgentMetrics, KernelCounters
 from tensorlights.agent.reconcile import PassResult, Reconciler
 from tensorlights.agent.sdnotify import Notifier
 from tensorlights.agent.status import StatusBoard, StatusServer
@@ -51,6 +51,7 @@ from tensorlights.errors import (
     TransientError,
     UnsupportedKernelError,
 )
+from tensorlights.telemetry.sampler import TelemetrySampler
 from tensorlights.views import snapshot_view
 
 log = logging.getLogger("tensorlights.agent")
@@ -84,6 +85,7 @@ class AgentApp:
         self._last_pass: PassResult | None = None
         self._last_error = ""
         self._history: list[dict[str, Any]] = []
+        self._sampler: TelemetrySampler | None = None
 
     # Signals ---------------------------------------------------------------------------
 
@@ -116,8 +118,18 @@ class AgentApp:
         reconciler = Reconciler(config, scanner, datapath, self._clock, marker)
         metrics_server = MetricsServer(config.metrics_address, self.registry, self.health)
         status_server = StatusServer(config.status_socket, self.board)
+        sampler = self._make_sampler(config)
+        self.registry.register(
+            KernelCounters(
+                lambda: datapath.class_counters(self.config.interface),
+                sampler.sent_bytes if sampler is not None else dict,
+            )
+        )
+        self._sampler = sampler
         metrics_server.start()
         status_server.start()
+        if sampler is not None:
+            sampler.start()
         self.metrics.controller_connected.set(0)
         log.info(
             "tensorlights-agent %s on %s: policy %s, interval %.3gs, metrics on %s:%d",
@@ -149,6 +161,16 @@ class AgentApp:
         restore = self.config.on_stop is OnStop.RESTORE
         self._shutdown(reconciler, scanner, metrics_server, status_server, restore=restore)
         return 0
+
+    def _make_sampler(self, config: AgentConfig) -> TelemetrySampler | None:
+        if not config.telemetry_enabled:
+            return None
+        return TelemetrySampler(
+            config.telemetry_sample_interval_s,
+            config.telemetry_min_push_bytes,
+            self.metrics.observe_iteration,
+            self._clock,
+        )
 
     def _make_marker(self, config: AgentConfig) -> DscpMarker | None:
         """DSCP marking as configured; off with a loud warning only if the config says so."""
@@ -228,6 +250,9 @@ class AgentApp:
         ):
             log.warning("discovery: %s", problem)
         self._last_pass = result
+        if self._sampler is not None:
+            self._sampler.set_snapshot(result.snapshot)
+        self.metrics.forget_jobs_except(set(result.snapshot.jobs()))
         self._publish()
 
     def _reload_config(self, reconciler: Reconciler) -> None:
@@ -267,6 +292,8 @@ class AgentApp:
         except TensorLightsError as exc:
             log.error("could not restore %s: %s", self.config.interface, exc)
         finally:
+            if self._sampler is not None:
+                self._sampler.stop()
             status_server.close()
             metrics_server.close()
             scanner.close()
@@ -326,6 +353,23 @@ class AgentApp:
                 order=list(plan.order),
                 discovery=snapshot_view(result.snapshot),
             )
+        if self._sampler is not None:
+            document["telemetry"] = {
+                job: [
+                    {
+                        "first_done": it.first_done + offset,
+                        "last_done": it.last_done + offset,
+                        "last_done_monotonic": it.last_done,
+                        "spread_s": it.spread,
+                        "period_s": it.period,
+                        "push_s": it.push_seconds,
+                        "connections": it.connections,
+                    }
+                    for it in iterations
+                ]
+                for job, iterations in self._sampler.recent().items()
+            }
+            document["telemetry_error"] = self._sampler.last_error
             document["rotations"].update(
                 green=plan.green,
                 green_since=wall(plan.green_since),

@@ -67,6 +67,10 @@ class AgentConfig:
     dscp_bands: tuple[int, ...] = DEFAULT_BAND_DSCP
     """DSCP of bands 0..6 (0 = green)."""
     dscp_on_unsupported: OnUnsupported = OnUnsupported.ERROR
+    telemetry_enabled: bool = True
+    telemetry_sample_interval_s: float = 0.1
+    """Must be under half the workers' compute time to see every push apart."""
+    telemetry_min_push_bytes: int = 16 * 1024
 
     def __post_init__(self) -> None:
         if not self.interface:
@@ -75,6 +79,12 @@ class AgentConfig:
             value = getattr(self, name)
             if not (math.isfinite(value) and value > 0):
                 raise ConfigError(f"{name.removesuffix('_s')} must be a positive duration")
+        if not (
+            math.isfinite(self.telemetry_sample_interval_s) and self.telemetry_sample_interval_s > 0
+        ):
+            raise ConfigError("telemetry.sample_interval must be a positive duration")
+        if self.telemetry_min_push_bytes < 1:
+            raise ConfigError("telemetry.min_push_bytes must be at least 1")
         if self.health_max_age_s <= self.scan_interval_s:
             raise ConfigError("health_max_age must be longer than scan_interval")
         # The datapath's own checks (interface name, rates, shares), before anything runs.
@@ -104,7 +114,9 @@ _FILE_KEYS = {
     "take_over_foreign_qdisc",
     "discovery",
     "dscp",
+    "telemetry",
 }
+_TELEMETRY_KEYS = {"enabled", "sample_interval", "min_push_bytes"}
 _DSCP_KEYS = {"enabled", "bands", "on_unsupported"}
 _DISCOVERY_KEYS = {"torch_ps_roles", "torch_ps_ranks", "slurm_ps_procids", "rule"}
 _RULE_KEYS = {"name", "role", "job", "exe", "cmdline_regex", "env"}
@@ -152,6 +164,7 @@ def build_config(file_values: Mapping[str, Any], overrides: Mapping[str, Any]) -
             take_over_foreign_qdisc=_flag(values, "take_over_foreign_qdisc", False),
             discovery=_discovery(values.get("discovery", {})),
             **_dscp(values.get("dscp", {})),
+            **_telemetry(values.get("telemetry", {})),
         )
     except ValueError as exc:
         raise ConfigError(str(exc)) from exc
@@ -282,4 +295,20 @@ def _dscp(table: Any) -> dict[str, Any]:
         "dscp_on_unsupported": _choice(
             OnUnsupported, table.get("on_unsupported", "error"), "dscp.on_unsupported"
         ),
+    }
+
+
+def _telemetry(table: Any) -> dict[str, Any]:
+    if not isinstance(table, dict):
+        raise ConfigError("[telemetry] must be a table")
+    unknown = set(table) - _TELEMETRY_KEYS
+    if unknown:
+        raise ConfigError(f"unknown [telemetry] keys: {', '.join(sorted(unknown))}")
+    min_push = table.get("min_push_bytes", 16 * 1024)
+    if isinstance(min_push, bool) or not isinstance(min_push, int):
+        raise ConfigError("telemetry.min_push_bytes must be an integer")
+    return {
+        "telemetry_enabled": _flag(table, "enabled", True),
+        "telemetry_sample_interval_s": _duration(table, "sample_interval", 0.1),
+        "telemetry_min_push_bytes": min_push,
     }

@@ -6,7 +6,16 @@ no pid or port labels, no command lines.
 
 from __future__ import annotations
 
+import contextlib
+import threading
+from collections.abc import Callable, Iterator
+
 from prometheus_client import CollectorRegistry, Counter, Gauge, Histogram
+from prometheus_client.core import CounterMetricFamily
+from prometheus_client.registry import Collector
+
+from tensorlights.policy.tc_plan import FIRST_BAND_MINOR, UNMANAGED_MINOR
+from tensorlights.telemetry.straggler import Iteration
 
 _FAST_BUCKETS = (0.0005, 0.001, 0.002, 0.005, 0.01, 0.02, 0.05, 0.1, 0.25, 0.5, 1.0)
 
@@ -76,7 +85,48 @@ class AgentMetrics:
             "1 when PS packets are DSCP-marked with their band; 0 when marking is off.",
             registry=registry,
         )
+        self.spread = Histogram(
+            "tensorlights_straggler_spread_seconds",
+            "Per iteration: last worker's parameters fully acknowledged - first worker's.",
+            ["job"],
+            buckets=(0.001, 0.0025, 0.005, 0.01, 0.025, 0.05, 0.1, 0.25, 0.5, 1.0, 2.5, 5.0),
+            registry=registry,
+        )
+        self.iteration = Histogram(
+            "tensorlights_iteration_seconds",
+            "Time between the ends of consecutive parameter pushes of a job.",
+            ["job"],
+            buckets=(0.05, 0.1, 0.25, 0.5, 1.0, 2.5, 5.0, 10.0, 30.0, 60.0),
+            registry=registry,
+        )
+        self.push = Histogram(
+            "tensorlights_push_seconds",
+            "Estimated communication time of one parameter push to all workers.",
+            ["job"],
+            buckets=(0.01, 0.025, 0.05, 0.1, 0.25, 0.5, 1.0, 2.5, 5.0, 10.0),
+            registry=registry,
+        )
         self._jobs_with_series: set[str] = set()
+        self._telemetry_jobs: set[str] = set()
+        self._telemetry_lock = threading.Lock()  # the telemetry thread observes, the loop prunes
+
+    def forget_jobs_except(self, present: set[str]) -> None:
+        """Drop the telemetry series of jobs that are gone (bounded labels)."""
+        with self._telemetry_lock:
+            for job in self._telemetry_jobs - present:
+                for per_job in (self.spread, self.iteration, self.push):
+                    with contextlib.suppress(KeyError):
+                        per_job.remove(job)
+            self._telemetry_jobs &= present
+
+    def observe_iteration(self, iteration: Iteration) -> None:
+        with self._telemetry_lock:
+            self._telemetry_jobs.add(iteration.job)
+            if iteration.connections > 1:
+                self.spread.labels(iteration.job).observe(iteration.spread)
+            if iteration.period is not None:
+                self.iteration.labels(iteration.job).observe(iteration.period)
+            self.push.labels(iteration.job).observe(iteration.push_seconds)
 
     def observe_bands(self, bands: dict[str, int], green: str | None, green_for_s: float) -> None:
         for job in self._jobs_with_series - bands.keys():
@@ -89,3 +139,49 @@ class AgentMetrics:
             self.green_seconds.labels(green).inc(green_for_s)
         self._jobs_with_series = set(bands)
         self.jobs.set(len(bands))
+
+
+class KernelCounters(Collector):
+    """Counters the kernel keeps, read at scrape time: tc class bytes/packets/drops per band,
+    and bytes each job's PS connections had acknowledged (tcp_info)."""
+
+    def __init__(
+        self,
+        class_counters: Callable[[], dict[int, tuple[int, int, int]]],
+        job_bytes: Callable[[], dict[str, int]],
+    ) -> None:
+        self._class_counters = class_counters
+        self._job_bytes = job_bytes
+
+    def collect(self) -> Iterator[CounterMetricFamily]:
+        names = ("bytes", "packets", "drops")
+        families = [
+            CounterMetricFamily(
+                f"tensorlights_band_{name}",
+                f"{name.capitalize()} through each band's HTB class (band 0 = green).",
+                labels=["band"],
+            )
+            for name in names
+        ]
+        try:
+            counters = self._class_counters()
+        except Exception:  # interface gone or being recreated: omit, the scrape still works
+            counters = {}
+        for minor, values in sorted(counters.items()):
+            if minor == UNMANAGED_MINOR:
+                band = "unmanaged"
+            elif FIRST_BAND_MINOR <= minor < FIRST_BAND_MINOR + 7:
+                band = str(minor - FIRST_BAND_MINOR)
+            else:
+                continue
+            for family, value in zip(families, values, strict=True):
+                family.add_metric([band], value)
+        yield from families
+        sent = CounterMetricFamily(
+            "tensorlights_job_sent_bytes",
+            "Bytes the job's PS connections on this host had acknowledged (tcp_info).",
+            labels=["job"],
+        )
+        for job, value in sorted(self._job_bytes().items()):
+            sent.add_metric([job], value)
+        yield sent

@@ -9,6 +9,7 @@ from __future__ import annotations
 
 import errno
 import struct
+import time
 from dataclasses import dataclass
 from typing import Any
 
@@ -28,6 +29,7 @@ from tensorlights.errors import (
     ForeignQdiscError,
     InterfaceNotFoundError,
     NetlinkRequestError,
+    TransientError,
 )
 from tensorlights.model import DatapathSpec, PreviousRootQdisc
 from tensorlights.policy.tc_plan import (
@@ -50,6 +52,7 @@ from tensorlights.policy.tc_plan import (
     diff,
     retarget_tables,
     tables_in_use,
+    u32_htid,
 )
 
 ETH_HEADER = 14
@@ -76,6 +79,13 @@ class PlannedChange:
     """Our root qdisc is not there yet: it would replace the current root."""
     ops: tuple[TcOp, ...]
     job_table: dict[str, int]
+
+
+TABLE_DELETE_RETRIES = (0.001, 0.005, 0.02, 0.05)
+
+
+def _deletes_table(op: TcOp) -> bool:
+    return isinstance(op, DeleteFilter) and op.handle & 0xFFFFF == 0
 
 
 class HtbDatapath:
@@ -181,9 +191,26 @@ class HtbDatapath:
                 [tcm.add_htb_root(link.ifindex, self.major, layout.default_minor, replace=True)]
             )
         self._written = None
-        self.sock.execute([self._encode(link.ifindex, op) for op in ops])
+        table_deletes = [op for op in ops if _deletes_table(op)]
+        self.sock.execute([self._encode(link.ifindex, op) for op in ops if not _deletes_table(op)])
+        self._delete_tables(link.ifindex, table_deletes)
         self._written = (link.ifindex, layout)
         return ApplyResult(tuple(ops), took_over, dict(layout.job_table))
+
+    def class_counters(self, interface: str) -> dict[int, tuple[int, int, int]]:
+        """Our classes' kernel counters: minor -> (bytes, packets, drops) since creation."""
+        ifindex = self.link(interface).ifindex
+        counters = {}
+        for msg in self.sock.dump_tc(RTM_GETTCLASS, ifindex):
+            if msg["handle"] >> 16 != self.major:
+                continue
+            stats = msg.get_attr("TCA_STATS") or {}
+            counters[msg["handle"] & 0xFFFF] = (
+                int(stats.get("bytes", 0)),
+                int(stats.get("packets", 0)),
+                int(stats.get("drop", 0)),
+            )
+        return counters
 
     def plan(self, spec: DatapathSpec) -> PlannedChange:
         """What `apply(spec)` would change now, touching nothing (for `plan --dry-run`)."""
@@ -196,6 +223,25 @@ class HtbDatapath:
         layout = desired_layout(spec, tuning, self.major, tables_in_use(spec, actual))
         ops = tuple(diff(actual, layout))
         return PlannedChange(installs_root, ops, dict(layout.job_table))
+
+    def _delete_tables(self, ifindex: int, deletes: list[TcOp]) -> None:
+        """A job table can be deleted only once the links into it are gone, and the kernel
+        drops those references in deferred work (cls_u32 answers EBUSY "in-use" meanwhile):
+        retry briefly; a table still busy stays, empty and unreferenced, for the next pass."""
+        for delay in TABLE_DELETE_RETRIES:
+            if not deletes:
+                return
+            try:
+                self.sock.execute([self._encode(ifindex, op) for op in deletes])
+                return
+            except TransientError:
+                time.sleep(delay)
+                actual = self.read_actual(ifindex).tables
+                deletes = [
+                    op
+                    for op in deletes
+                    if isinstance(op, DeleteFilter) and u32_htid(op.handle) in actual
+                ]
 
     def rotate(self, spec: DatapathSpec) -> ApplyResult:
         """Band changes only, against what we last wrote: one batch of class changes.

@@ -371,7 +371,11 @@ class Scanner:
             if sock.state == TcpState.LISTEN:
                 listen_ports.add(sock.local_port)
             else:
-                connections.append(PsConnection(sock.local_port, sock.peer_addr, sock.peer_port))
+                connections.append(
+                    PsConnection(
+                        sock.local_port, sock.peer_addr, sock.peer_port, sock.family, sock.sockid
+                    )
+                )
         connections.sort(key=lambda conn: (conn.local_port, conn.peer_addr, conn.peer_port))
         result = _Sockets(frozenset(listen_ports), tuple(connections), stale=False)
         entry.last_sockets = (result.listen_ports, result.connections)

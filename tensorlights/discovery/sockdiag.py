@@ -11,7 +11,7 @@ from __future__ import annotations
 import socket
 import struct
 from collections.abc import Collection
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 from enum import IntEnum
 
 from tensorlights.netlink_io import NETLINK_SOCK_DIAG, NLMSG_HDR, NetlinkSocket
@@ -52,6 +52,20 @@ _REQUEST = struct.Struct("=BBBxI48x")
 _MESSAGE = struct.Struct("=BBxx2s2s16s16s4x8x4x4x4xII")
 _INODE = struct.Struct("=I")
 _INODE_OFFSET = NLMSG_HDR.size + 68
+_SOCKID = slice(NLMSG_HDR.size + 4, NLMSG_HDR.size + 52)
+_MSG_END = NLMSG_HDR.size + 72
+# struct inet_diag_req_v2 naming one socket: family, protocol, ext, pad, states, sockid.
+_EXACT = struct.Struct("=BBBxI48s")
+INET_DIAG_INFO = 2
+_NLA = struct.Struct("=HH")
+# struct tcp_info (linux/tcp.h) offsets: last_data_sent 44, last_ack_recv 56, rtt 68,
+# bytes_acked 120, segs_out 136, notsent_bytes 144, delivery_rate 160, bytes_sent 200.
+_TI_UNACKED = struct.Struct("=I")  # at 24
+_TI_TIMES = struct.Struct("=I8xI8xI")  # at 44: last_data_sent, last_ack_recv, rtt
+_TI_BYTES_ACKED = struct.Struct("=Q")
+_TI_SEGS = struct.Struct("=I4xI")  # at 136: segs_out, notsent_bytes
+_TI_RATE = struct.Struct("=Q")
+_TI_MIN_LEN = 208  # bytes_sent arrived in Linux 4.19
 
 
 @dataclass(frozen=True, slots=True)
@@ -64,6 +78,26 @@ class TcpSocket:
     peer_port: int
     uid: int
     inode: int
+    sockid: bytes = field(default=b"", repr=False, compare=False)
+    """The kernel's inet_diag_sockid (ports, addresses, ifindex, cookie): names exactly this
+    socket in a later per-socket query."""
+
+
+@dataclass(frozen=True, slots=True)
+class TcpInfo:
+    """The fields of the kernel's struct tcp_info that telemetry uses."""
+
+    bytes_sent: int
+    bytes_acked: int
+    notsent_bytes: int
+    last_data_sent_ms: int
+    last_ack_recv_ms: int
+    rtt_us: int
+    delivery_rate: int
+    """Bytes per second, the kernel's most recent estimate."""
+    segs_out: int
+    unacked: int
+    """Segments in flight, not yet acknowledged."""
 
 
 class SockDiag:
@@ -95,6 +129,44 @@ class SockDiag:
                 found.append(_decode(raw))
         return found
 
+    def tcp_info(self, sockets: list[tuple[int, bytes]]) -> list[TcpInfo | None]:
+        """tcp_info of each (family, sockid) (None: that socket is gone), by one exact lookup
+        per socket, all sent in one batch: no walk of the kernel's hash tables, unlike a dump."""
+        answers = self._sock.request_many(
+            SOCK_DIAG_BY_FAMILY, [_exact_request(family, sockid) for family, sockid in sockets]
+        )
+        return [None if isinstance(raw, int) else _tcp_info(raw) for raw in answers]
+
+
+def _exact_request(family: int, sockid: bytes) -> bytes:
+    ext = 1 << (INET_DIAG_INFO - 1)
+    return _EXACT.pack(family, socket.IPPROTO_TCP, ext, 0xFFFFFFFF, sockid)
+
+
+def _tcp_info(raw: bytes) -> TcpInfo | None:
+    offset = _MSG_END
+    while offset + _NLA.size <= len(raw):
+        length, kind = _NLA.unpack_from(raw, offset)
+        if length < _NLA.size:
+            return None
+        if kind & 0x3FFF == INET_DIAG_INFO and length - _NLA.size >= _TI_MIN_LEN:
+            base = offset + _NLA.size
+            last_sent, last_ack, rtt = _TI_TIMES.unpack_from(raw, base + 44)
+            segs_out, notsent = _TI_SEGS.unpack_from(raw, base + 136)
+            return TcpInfo(
+                bytes_sent=_TI_BYTES_ACKED.unpack_from(raw, base + 200)[0],
+                bytes_acked=_TI_BYTES_ACKED.unpack_from(raw, base + 120)[0],
+                notsent_bytes=notsent,
+                last_data_sent_ms=last_sent,
+                last_ack_recv_ms=last_ack,
+                rtt_us=rtt,
+                delivery_rate=_TI_RATE.unpack_from(raw, base + 160)[0],
+                segs_out=segs_out,
+                unacked=_TI_UNACKED.unpack_from(raw, base + 24)[0],
+            )
+        offset += (length + 3) & ~3
+    return None
+
 
 def _decode(raw: bytes) -> TcpSocket:
     family, state, sport, dport, src, dst, uid, inode = _MESSAGE.unpack_from(raw, NLMSG_HDR.size)
@@ -108,4 +180,5 @@ def _decode(raw: bytes) -> TcpSocket:
         peer_port=int.from_bytes(dport, "big"),
         uid=uid,
         inode=inode,
+        sockid=raw[_SOCKID],
     )

@@ -1,0 +1,129 @@
+#!/usr/bin/env python3
+"""Straggler telemetry accuracy: the real agent's measured spread and iteration period against
+the workload's own log of when each worker had its parameters.
+
+Two synthetic PS jobs (TF_CONFIG) in one namespace, 3 workers each in another, pushing
+--model-bytes through veth-a shaped at 200 Mbit; the agent runs with --policy fifo, then with
+--policy rotate. Per policy and job: iterations in the log, matched, share of iterations whose
+spread / period is within 10% or 10 ms of the truth, and the median absolute errors. Needs root.
+
+    .venv/bin/python scripts/bench_telemetry.py [--iterations 30] [--model-bytes 3000000]
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import statistics
+import subprocess
+import sys
+import tempfile
+import time
+from pathlib import Path
+from typing import Any
+
+from tensorlights.agent.status import read_status
+from tensorlights.discovery.rules import DiscoveryRules, ProcessFacts, identify
+from tensorlights.errors import TransientError
+from tensorlights.telemetry.accuracy import Agreement, Measured, compare
+from tensorlights.testbed import netns
+from tensorlights.testbed.psjob import RunningJob, start_job
+from tensorlights.testbed.socket_holder import clean_env
+
+
+def tf_env(tag: str) -> dict[str, str]:
+    cluster = {"ps": [f"ps-{tag}:1"], "worker": [f"w{i}-{tag}:1" for i in range(3)]}
+    return {"TF_CONFIG": json.dumps({"cluster": cluster, "task": {"type": "ps", "index": 0}})}
+
+
+def job_id(env: dict[str, str]) -> str:
+    facts = ProcessFacts(0, "python", "python", (), env, "")
+    identity = identify(facts, DiscoveryRules()).identity
+    assert identity is not None
+    return identity.job
+
+
+def status(sock: Path) -> dict[str, Any] | None:
+    try:
+        return read_status(sock)
+    except (TransientError, OSError, json.JSONDecodeError):
+        return None
+
+
+def run_policy(policy: str, args: argparse.Namespace) -> list[tuple[str, Agreement]]:
+    with netns.host_pair() as pair, tempfile.TemporaryDirectory() as workdir:
+        sock = Path(workdir) / "agent.sock"
+        command = [
+            sys.executable, "-m", "tensorlights.cli.agent", "run", "--config",
+            str(Path(workdir) / "none.toml"), "--interface", "veth-a", "--link-rate", "200mbit",
+            "--policy", policy, "--interval", "1s", "--standalone", "--status-socket", str(sock),
+            "--state-dir", str(Path(workdir) / "state"), "--log-level", "warning",
+        ]  # fmt: skip
+        (Path(workdir) / "none.toml").write_text("")
+        if policy == "fifo":  # nothing shapes the link otherwise: a plain 200 Mbit bottleneck
+            netns.run(
+                ["tc", "-n", pair.a.ns, "qdisc", "replace", "dev", "veth-a", "root", "tbf",
+                 "rate", "200mbit", "burst", "256kb", "latency", "50ms"]
+            )  # fmt: skip
+        agent = subprocess.Popen(pair.a.exec_args(*command), env=clean_env())
+        jobs: dict[str, RunningJob] = {}
+        try:
+            end = time.monotonic() + 20
+            while status(sock) is None and time.monotonic() < end:
+                time.sleep(0.1)
+            for tag in ("a", "b"):
+                env = tf_env(tag)
+                jobs[job_id(env)] = start_job(
+                    pair.a.exec_args(), pair.b.exec_args(), pair.a.ipv4, clean_env(env),
+                    3, args.model_bytes, args.iterations, args.compute,
+                )  # fmt: skip
+            # The agent keeps iterations of present jobs only: collect them while they run.
+            seen: dict[str, dict[float, dict[str, Any]]] = {job: {} for job in jobs}
+            while any(running.ps.poll() is None for running in jobs.values()):
+                for job, items in ((status(sock) or {}).get("telemetry") or {}).items():
+                    for item in items:
+                        seen.setdefault(job, {})[item["last_done_monotonic"]] = item
+                time.sleep(0.5)
+            truths = {job: running.received(timeout=600) for job, running in jobs.items()}
+        finally:
+            for running in jobs.values():
+                running.kill()
+            agent.terminate()
+            agent.wait(20)
+    results = []
+    for job, received in truths.items():
+        measured = [
+            Measured(it["last_done_monotonic"], it["spread_s"], it["period_s"])
+            for it in seen.get(job, {}).values()
+        ]
+        results.append((job, compare(received, measured)))
+    return results
+
+
+def median_ms(values: tuple[float, ...]) -> str:
+    return f"{statistics.median(abs(v) for v in values) * 1e3:.1f}" if values else "-"
+
+
+def main() -> None:
+    parser = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
+    parser.add_argument("--iterations", type=int, default=30)
+    parser.add_argument("--model-bytes", type=int, default=3_000_000)
+    parser.add_argument("--compute", type=float, default=0.25)
+    args = parser.parse_args()
+    print(
+        "| policy | job | iterations | matched | spread within 10%/10 ms | period within"
+        " 10%/10 ms | median abs error spread / period ms |"
+    )
+    print("|---|---|---:|---:|---:|---:|---:|")
+    for policy in ("fifo", "rotate"):
+        for job, agreement in run_policy(policy, args):
+            print(
+                f"| {policy} | {job} | {agreement.iterations} | {agreement.matched} | "
+                f"{agreement.spread_share:.0%} | {agreement.period_share:.0%} | "
+                f"{median_ms(agreement.spread_errors)} / {median_ms(agreement.period_errors)} |",
+                flush=True,
+            )
+
+
+if __name__ == "__main__":
+    main()

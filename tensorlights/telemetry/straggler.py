@@ -1,0 +1,144 @@
+"""Parameter pushes, their completion per worker, and the straggler spread (pure).
+
+Input: samples of each PS connection's tcp_info (bytes acked, data in flight, and the age of
+the last ACK in milliseconds), taken every ~100 ms. A connection is *idle* when nothing is in
+flight or waiting to be sent. A push to a worker has completed when the connection is idle
+again and its acked bytes grew by at least `min_push_bytes` since it was last idle; it
+completed when the last ACK arrived: sample time - last_ack_recv. That is exact to the
+millisecond however coarse the sampling, as long as a sample falls in the idle gap between two
+pushes (the workers' compute time): sample at least twice as often as that gap is long.
+
+A job's iteration groups one completion per connection: it closes when every connection known
+to the job has completed, or when a connection completes a second time (the next iteration
+began). Spread = last completion - first; period = time between the last completions of
+consecutive iterations; push time = last completion - the earliest estimated push start
+(completion - bytes / delivery rate: an estimate).
+"""
+
+from __future__ import annotations
+
+from collections.abc import Iterable
+from dataclasses import dataclass, field
+
+from tensorlights.discovery.sockdiag import TcpInfo
+
+DEFAULT_MIN_PUSH_BYTES = 16 * 1024
+MAX_OPEN_ITERATION_S = 30.0
+
+
+@dataclass(frozen=True)
+class Completion:
+    connection: str
+    at: float
+    pushed_bytes: int
+    started_at: float
+    """Estimated: completion - bytes / delivery rate."""
+
+
+@dataclass(frozen=True)
+class Iteration:
+    job: str
+    first_done: float
+    last_done: float
+    connections: int
+    push_seconds: float
+    period: float | None
+    """Since the previous iteration's last completion; None for the first one seen."""
+
+    @property
+    def spread(self) -> float:
+        return self.last_done - self.first_done
+
+
+@dataclass
+class _Connection:
+    acked_when_idle: int
+    acked_last: int
+
+
+@dataclass
+class _Job:
+    open: dict[str, Completion] = field(default_factory=dict)
+    known: set[str] = field(default_factory=set)
+    last_done: float | None = None
+
+
+class StragglerTracker:
+    def __init__(self, min_push_bytes: int = DEFAULT_MIN_PUSH_BYTES) -> None:
+        self.min_push_bytes = min_push_bytes
+        self._connections: dict[str, _Connection] = {}
+        self._jobs: dict[str, _Job] = {}
+        self.sent_bytes: dict[str, int] = {}
+        """Bytes acknowledged per job since tracking began (for byte counters)."""
+
+    def observe(self, now: float, samples: Iterable[tuple[str, str, TcpInfo]]) -> list[Iteration]:
+        """One sampling round: (job, connection key, tcp_info) for every PS connection now.
+        Returns the iterations that closed. Connections and jobs not in the round are
+        forgotten (their process or socket is gone)."""
+        completions: dict[str, list[Completion]] = {}
+        seen_connections: set[str] = set()
+        seen_jobs: set[str] = set()
+        for job, key, info in samples:
+            seen_connections.add(key)
+            seen_jobs.add(job)
+            completion = self._observe_connection(now, job, key, info)
+            if completion is not None:
+                completions.setdefault(job, []).append(completion)
+        for key in self._connections.keys() - seen_connections:
+            del self._connections[key]
+        for job in self._jobs.keys() - seen_jobs:
+            del self._jobs[job]
+            self.sent_bytes.pop(job, None)
+        closed: list[Iteration] = []
+        for job, finished in completions.items():
+            state = self._jobs.setdefault(job, _Job())
+            for completion in sorted(finished, key=lambda c: c.at):
+                state.known.add(completion.connection)
+                if completion.connection in state.open:
+                    closed.append(self._close(job, state))
+                state.open[completion.connection] = completion
+        for job, state in self._jobs.items():
+            state.known &= seen_connections
+            if state.open and (
+                state.known <= state.open.keys()
+                or now - min(c.at for c in state.open.values()) > MAX_OPEN_ITERATION_S
+            ):
+                closed.append(self._close(job, state))
+        return closed
+
+    def _observe_connection(
+        self, now: float, job: str, key: str, info: TcpInfo
+    ) -> Completion | None:
+        state = self._connections.get(key)
+        if state is None:
+            self._connections[key] = _Connection(info.bytes_acked, info.bytes_acked)
+            return None
+        if info.bytes_acked > state.acked_last:
+            self.sent_bytes[job] = self.sent_bytes.get(job, 0) + info.bytes_acked - state.acked_last
+        state.acked_last = info.bytes_acked
+        grown = info.bytes_acked - state.acked_when_idle
+        idle = info.unacked == 0 and info.notsent_bytes == 0
+        if not idle:
+            return None
+        state.acked_when_idle = info.bytes_acked
+        if grown < self.min_push_bytes:
+            return None
+        at = now - info.last_ack_recv_ms / 1000.0
+        duration = grown / info.delivery_rate if info.delivery_rate > 0 else 0.0
+        return Completion(connection=key, at=at, pushed_bytes=grown, started_at=at - duration)
+
+    def _close(self, job: str, state: _Job) -> Iteration:
+        done = list(state.open.values())
+        state.open = {}
+        first = min(c.at for c in done)
+        last = max(c.at for c in done)
+        iteration = Iteration(
+            job=job,
+            first_done=first,
+            last_done=last,
+            connections=len(done),
+            push_seconds=last - min(c.started_at for c in done),
+            period=None if state.last_done is None else last - state.last_done,
+        )
+        state.last_done = last
+        return iteration

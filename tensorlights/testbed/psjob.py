@@ -1,0 +1,183 @@
+"""A synthetic parameter-server job, with its own ground truth.
+
+    python -m tensorlights.testbed.psjob ps --port 0 --workers 3 --model-bytes 4000000 \
+        --iterations 20
+    python -m tensorlights.testbed.psjob worker --connect HOST:PORT --compute 0.25
+
+Each iteration the PS pushes the model (--model-bytes) to every worker at once; each worker
+reads it all, notes the moment it had the last byte (CLOCK_MONOTONIC, shared by every
+namespace of a host), computes for --compute seconds and sends its gradient
+(--gradient-bytes) back; the PS waits for every gradient (the barrier) and starts the next
+iteration. The PS is identified the way real jobs are: its launcher sets TF_CONFIG (or DMLC_*).
+
+The PS prints "listening PORT" when ready and a JSON summary at the end; each worker prints one
+JSON line: {"received": [t0, t1, ...]} -- the ground truth for straggler telemetry.
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import socket
+import subprocess
+import sys
+import threading
+import time
+from dataclasses import dataclass
+
+CHUNK = 256 * 1024
+
+
+def _recv_exactly(conn: socket.socket, size: int) -> None:
+    view = memoryview(bytearray(min(size, CHUNK)))
+    left = size
+    while left:
+        got = conn.recv_into(view, min(left, len(view)))
+        if not got:
+            raise ConnectionError("peer closed mid-message")
+        left -= got
+
+
+def run_ps(args: argparse.Namespace) -> int:
+    family = socket.AF_INET6 if ":" in args.bind else socket.AF_INET
+    listener = socket.socket(family, socket.SOCK_STREAM)
+    listener.setsockopt(socket.SOL_SOCKET, socket.SO_REUSEADDR, 1)
+    listener.bind((args.bind, args.port))
+    listener.listen(args.workers)
+    print(f"listening {listener.getsockname()[1]}", flush=True)
+    workers = [listener.accept()[0] for _ in range(args.workers)]
+    model = b"\x01" * args.model_bytes
+    barrier = threading.Barrier(args.workers + 1)
+    failures: list[BaseException] = []
+
+    def serve(conn: socket.socket) -> None:
+        try:
+            for _ in range(args.iterations):
+                barrier.wait()  # everyone pushes at once, as a PS does
+                conn.sendall(model)
+                _recv_exactly(conn, args.gradient_bytes)
+                barrier.wait()
+        except BaseException as exc:
+            failures.append(exc)
+            barrier.abort()
+
+    threads = [threading.Thread(target=serve, args=(conn,), daemon=True) for conn in workers]
+    for thread in threads:
+        thread.start()
+    started = time.monotonic()
+    iteration_ends = []
+    try:
+        for _ in range(args.iterations):
+            barrier.wait()
+            barrier.wait()
+            iteration_ends.append(time.monotonic())
+    except threading.BrokenBarrierError:
+        pass
+    for conn in workers:
+        conn.close()
+    summary = {
+        "iterations": len(iteration_ends),
+        "seconds": time.monotonic() - started,
+        "errors": [repr(exc) for exc in failures],
+    }
+    print(json.dumps(summary), flush=True)
+    return 1 if failures else 0
+
+
+def run_worker(args: argparse.Namespace) -> int:
+    host, _, port = args.connect.rpartition(":")
+    conn = socket.create_connection((host.strip("[]"), int(port)))
+    gradient = b"\x02" * args.gradient_bytes
+    received: list[float] = []
+    try:
+        for _ in range(args.iterations):
+            _recv_exactly(conn, args.model_bytes)
+            received.append(time.monotonic())
+            time.sleep(args.compute)
+            conn.sendall(gradient)
+    except (ConnectionError, OSError) as exc:
+        print(json.dumps({"received": received, "error": repr(exc)}), flush=True)
+        return 1
+    print(json.dumps({"received": received}), flush=True)
+    return 0
+
+
+@dataclass
+class RunningJob:
+    """A job started across a host pair: its PS in namespace a, its workers in b."""
+
+    ps: subprocess.Popen[str]
+    workers: list[subprocess.Popen[str]]
+
+    def received(self, timeout: float) -> list[list[float]]:
+        """Each worker's receive times, once they have finished."""
+        logs = []
+        for worker in self.workers:
+            out, _ = worker.communicate(timeout=timeout)
+            logs.append(json.loads(out)["received"])
+        self.ps.communicate(timeout=timeout)
+        return logs
+
+    def kill(self) -> None:
+        for proc in [self.ps, *self.workers]:
+            if proc.poll() is None:
+                proc.kill()
+                proc.wait()
+
+
+def start_job(
+    ps_ns_args: list[str],
+    worker_ns_args: list[str],
+    ps_address: str,
+    env: dict[str, str],
+    workers: int,
+    model_bytes: int,
+    iterations: int,
+    compute_s: float,
+) -> RunningJob:
+    """Start the PS (with its launcher's `env`, e.g. TF_CONFIG) and its workers."""
+    common = ["--model-bytes", str(model_bytes), "--iterations", str(iterations)]
+    module = [sys.executable, "-m", "tensorlights.testbed.psjob"]
+    ps = subprocess.Popen(
+        [*ps_ns_args, *module, "ps", "--workers", str(workers), *common],
+        stdout=subprocess.PIPE,
+        text=True,
+        env=env,
+    )
+    assert ps.stdout is not None
+    line = ps.stdout.readline().split()
+    if len(line) != 2 or line[0] != "listening":
+        ps.kill()
+        raise RuntimeError(f"PS did not start (exit {ps.wait()})")
+    target = f"{ps_address}:{line[1]}"
+    started = [
+        subprocess.Popen(
+            [*worker_ns_args, *module, "worker", "--connect", target, "--compute", str(compute_s),
+             *common],
+            stdout=subprocess.PIPE,
+            text=True,
+        )
+        for _ in range(workers)
+    ]  # fmt: skip
+    return RunningJob(ps, started)
+
+
+def main(argv: list[str] | None = None) -> int:
+    parser = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
+    sub = parser.add_subparsers(dest="role", required=True)
+    for role in ("ps", "worker"):
+        p = sub.add_parser(role)
+        p.add_argument("--model-bytes", type=int, default=4_000_000)
+        p.add_argument("--gradient-bytes", type=int, default=4096)
+        p.add_argument("--iterations", type=int, default=20)
+    sub.choices["ps"].add_argument("--bind", default="0.0.0.0")
+    sub.choices["ps"].add_argument("--port", type=int, default=0)
+    sub.choices["ps"].add_argument("--workers", type=int, required=True)
+    sub.choices["worker"].add_argument("--connect", required=True, metavar="HOST:PORT")
+    sub.choices["worker"].add_argument("--compute", type=float, default=0.25)
+    args = parser.parse_args(argv)
+    return run_ps(args) if args.role == "ps" else run_worker(args)
+
+
+if __name__ == "__main__":
+    sys.exit(main())
