@@ -59,7 +59,9 @@ def run_policy(policy: str, args: argparse.Namespace) -> list[tuple[str, Agreeme
             "--policy", policy, "--interval", "1s", "--standalone", "--status-socket", str(sock),
             "--state-dir", str(Path(workdir) / "state"), "--log-level", "warning",
         ]  # fmt: skip
-        (Path(workdir) / "none.toml").write_text("")
+        (Path(workdir) / "none.toml").write_text(
+            f'[telemetry]\nsample_interval = "{args.sample_interval}"\n'
+        )
         if policy == "fifo":  # nothing shapes the link otherwise: a plain 200 Mbit bottleneck
             netns.run(
                 ["tc", "-n", pair.a.ns, "qdisc", "replace", "dev", "veth-a", "root", "tbf",
@@ -79,10 +81,13 @@ def run_policy(policy: str, args: argparse.Namespace) -> list[tuple[str, Agreeme
                 )  # fmt: skip
             # The agent keeps iterations of present jobs only: collect them while they run.
             seen: dict[str, dict[float, dict[str, Any]]] = {job: {} for job in jobs}
-            while any(running.ps.poll() is None for running in jobs.values()):
+            running_until = None
+            while running_until is None or time.monotonic() < running_until:
                 for job, items in ((status(sock) or {}).get("telemetry") or {}).items():
                     for item in items:
                         seen.setdefault(job, {})[item["last_done_monotonic"]] = item
+                if running_until is None and all(r.ps.poll() is not None for r in jobs.values()):
+                    running_until = time.monotonic() + 1.0  # the final pushes close after exit
                 time.sleep(0.5)
             truths = {job: running.received(timeout=600) for job, running in jobs.items()}
         finally:
@@ -97,6 +102,18 @@ def run_policy(policy: str, args: argparse.Namespace) -> list[tuple[str, Agreeme
             for it in seen.get(job, {}).values()
         ]
         results.append((job, compare(received, measured)))
+        if args.verbose:
+            for k, times in enumerate(zip(*received, strict=False)):
+                near = min(measured, key=lambda m: abs(m.last_done - max(times)), default=None)
+                print(
+                    f"  {job} #{k}: truth last {max(times):.3f} spread "
+                    f"{(max(times) - min(times)) * 1e3:.1f} ms; measured "
+                    + (
+                        f"last {near.last_done:.3f} spread {near.spread * 1e3:.1f} ms"
+                        if near
+                        else "-"
+                    )
+                )
     return results
 
 
@@ -109,13 +126,16 @@ def main() -> None:
     parser.add_argument("--iterations", type=int, default=30)
     parser.add_argument("--model-bytes", type=int, default=3_000_000)
     parser.add_argument("--compute", type=float, default=0.25)
+    parser.add_argument("--policies", default="fifo,rotate")
+    parser.add_argument("--sample-interval", default="100ms")
+    parser.add_argument("--verbose", action="store_true", help="every iteration, side by side")
     args = parser.parse_args()
     print(
         "| policy | job | iterations | matched | spread within 10%/10 ms | period within"
         " 10%/10 ms | median abs error spread / period ms |"
     )
     print("|---|---|---:|---:|---:|---:|---:|")
-    for policy in ("fifo", "rotate"):
+    for policy in args.policies.split(","):
         for job, agreement in run_policy(policy, args):
             print(
                 f"| {policy} | {job} | {agreement.iterations} | {agreement.matched} | "

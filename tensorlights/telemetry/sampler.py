@@ -18,6 +18,9 @@ from tensorlights.model import DiscoverySnapshot
 from tensorlights.telemetry.straggler import DEFAULT_MIN_PUSH_BYTES, Iteration, StragglerTracker
 
 RECENT_ITERATIONS = 200
+KEEP_ENDED_JOBS_S = 60.0
+"""A finished job's last iterations stay in `recent()` this long (its final push closes only
+when its connections are gone, i.e. after it ended)."""
 
 
 class TelemetrySampler:
@@ -35,6 +38,7 @@ class TelemetrySampler:
         self._snapshot: DiscoverySnapshot | None = None
         self._lock = threading.Lock()
         self._recent: dict[str, deque[Iteration]] = {}
+        self._last_seen: dict[str, float] = {}
         self._diag: SockDiag | None = None
         self._stop = threading.Event()
         self._thread: threading.Thread | None = None
@@ -71,10 +75,14 @@ class TelemetrySampler:
         samples = [(job, key, info) for (job, key), info in zip(keys, infos, strict=True) if info]
         with self._lock:
             closed = self.tracker.observe(now, samples)
-            present = {job for job, _, _ in samples}
-            for job in self._recent.keys() - present:
-                del self._recent[job]
+            for job, _, _ in samples:
+                self._last_seen[job] = now
+            for job, seen in list(self._last_seen.items()):
+                if now - seen > KEEP_ENDED_JOBS_S:
+                    del self._last_seen[job]
+                    self._recent.pop(job, None)
             for iteration in closed:
+                self._last_seen.setdefault(iteration.job, now)
                 self._recent.setdefault(iteration.job, deque(maxlen=RECENT_ITERATIONS)).append(
                     iteration
                 )

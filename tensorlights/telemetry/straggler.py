@@ -8,9 +8,15 @@ completed when the last ACK arrived: sample time - last_ack_recv. That is exact 
 millisecond however coarse the sampling, as long as a sample falls in the idle gap between two
 pushes (the workers' compute time): sample at least twice as often as that gap is long.
 
-A job's iteration groups one completion per connection: it closes when every connection known
-to the job has completed, or when a connection completes a second time (the next iteration
-began). Spread = last completion - first; period = time between the last completions of
+Every push of one iteration starts at the same moment (the PS sends to all workers at once
+after its barrier), and that moment lies in each push's *start window*: after the last sample
+that saw the connection idle, no later than the first sample that saw it busy (or the
+completion). A job's iteration is the set of completions whose start windows overlap; a push
+whose window starts after the open iteration's common window has ended belongs to the next
+iteration. The next iteration starts at least a compute time later, so the windows of two
+iterations cannot overlap while sampling is under half the compute time. An iteration closes
+when every connection of the job has completed in it, when the next one begins, or when the
+job ends. Spread = last completion - first; period = time between the last completions of
 consecutive iterations; push time = last completion - the earliest estimated push start
 (completion - bytes / delivery rate: an estimate).
 """
@@ -33,6 +39,9 @@ class Completion:
     pushed_bytes: int
     started_at: float
     """Estimated: completion - bytes / delivery rate."""
+    start_after: float
+    start_by: float
+    """The push started in (start_after, start_by]: sample times around it."""
 
 
 @dataclass(frozen=True)
@@ -54,13 +63,21 @@ class Iteration:
 class _Connection:
     acked_when_idle: int
     acked_last: int
+    primed: bool
+    """Seen idle at least once: the next push is measured from its start."""
+    idle_at: float
+    busy_at: float | None = None
 
 
 @dataclass
 class _Job:
     open: dict[str, Completion] = field(default_factory=dict)
+    window: tuple[float, float] = (float("-inf"), float("inf"))
+    """Where all open pushes may have started: the intersection of their start windows."""
     known: set[str] = field(default_factory=set)
     last_done: float | None = None
+    warming_up: bool = True
+    """Some connection was first seen mid-push: iterations are incomplete, not reported."""
 
 
 class StragglerTracker:
@@ -86,50 +103,80 @@ class StragglerTracker:
                 completions.setdefault(job, []).append(completion)
         for key in self._connections.keys() - seen_connections:
             del self._connections[key]
-        for job in self._jobs.keys() - seen_jobs:
-            del self._jobs[job]
-            self.sent_bytes.pop(job, None)
         closed: list[Iteration] = []
+        for job in self._jobs.keys() - seen_jobs:
+            state = self._jobs.pop(job)  # the job ended: its last iteration is complete
+            if state.open:
+                closed.extend(self._close(job, state))
+            self.sent_bytes.pop(job, None)
         for job, finished in completions.items():
             state = self._jobs.setdefault(job, _Job())
             for completion in sorted(finished, key=lambda c: c.at):
                 state.known.add(completion.connection)
-                if completion.connection in state.open:
-                    closed.append(self._close(job, state))
+                after, by = state.window
+                if state.open and (
+                    completion.connection in state.open or completion.start_after >= by
+                ):
+                    closed.extend(self._close(job, state))
+                    after, by = state.window
                 state.open[completion.connection] = completion
+                state.window = (max(after, completion.start_after), min(by, completion.start_by))
+        unprimed_jobs = {job for job, key, _ in samples if not self._connections[key].primed}
         for job, state in self._jobs.items():
             state.known &= seen_connections
+            state.warming_up = job in unprimed_jobs
             if state.open and (
                 state.known <= state.open.keys()
                 or now - min(c.at for c in state.open.values()) > MAX_OPEN_ITERATION_S
             ):
-                closed.append(self._close(job, state))
+                closed.extend(self._close(job, state))
         return closed
 
     def _observe_connection(
         self, now: float, job: str, key: str, info: TcpInfo
     ) -> Completion | None:
         state = self._connections.get(key)
+        idle = info.unacked == 0 and info.notsent_bytes == 0
         if state is None:
-            self._connections[key] = _Connection(info.bytes_acked, info.bytes_acked)
+            self._connections[key] = _Connection(
+                info.bytes_acked, info.bytes_acked, idle, idle_at=now
+            )
             return None
         if info.bytes_acked > state.acked_last:
             self.sent_bytes[job] = self.sent_bytes.get(job, 0) + info.bytes_acked - state.acked_last
         state.acked_last = info.bytes_acked
         grown = info.bytes_acked - state.acked_when_idle
-        idle = info.unacked == 0 and info.notsent_bytes == 0
         if not idle:
+            if state.busy_at is None:
+                state.busy_at = now
             return None
-        state.acked_when_idle = info.bytes_acked
+        idle_before, busy_at = state.idle_at, state.busy_at
+        state.acked_when_idle, state.idle_at, state.busy_at = info.bytes_acked, now, None
+        if not state.primed:  # first seen mid-push: that push's start is unknown
+            state.primed = True
+            return None
         if grown < self.min_push_bytes:
             return None
         at = now - info.last_ack_recv_ms / 1000.0
         duration = grown / info.delivery_rate if info.delivery_rate > 0 else 0.0
-        return Completion(connection=key, at=at, pushed_bytes=grown, started_at=at - duration)
+        return Completion(
+            connection=key,
+            at=at,
+            pushed_bytes=grown,
+            started_at=at - duration,
+            start_after=idle_before,
+            start_by=min(busy_at if busy_at is not None else at, at),
+        )
 
-    def _close(self, job: str, state: _Job) -> Iteration:
+    def _close(self, job: str, state: _Job) -> list[Iteration]:
+        """The open iteration, closed; [] while the job is warming up (then it only marks
+        where the next period starts)."""
         done = list(state.open.values())
         state.open = {}
+        state.window = (float("-inf"), float("inf"))
+        if state.warming_up:
+            state.last_done = None
+            return []
         first = min(c.at for c in done)
         last = max(c.at for c in done)
         iteration = Iteration(
@@ -141,4 +188,4 @@ class StragglerTracker:
             period=None if state.last_done is None else last - state.last_done,
         )
         state.last_done = last
-        return iteration
+        return [iteration]
