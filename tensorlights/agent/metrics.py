@@ -124,8 +124,7 @@ class AgentMetrics:
             self._telemetry_jobs.add(iteration.job)
             if iteration.connections > 1:
                 self.spread.labels(iteration.job).observe(iteration.spread)
-            if iteration.period is not None:
-                self.iteration.labels(iteration.job).observe(iteration.period)
+            self.iteration.labels(iteration.job).observe(iteration.period)
             self.push.labels(iteration.job).observe(iteration.push_seconds)
 
     def observe_bands(self, bands: dict[str, int], green: str | None, green_for_s: float) -> None:

@@ -51,8 +51,8 @@ class Iteration:
     last_done: float
     connections: int
     push_seconds: float
-    period: float | None
-    """Since the previous iteration's last completion; None for the first one seen."""
+    period: float
+    """Since the previous iteration's last completion."""
 
     @property
     def spread(self) -> float:
@@ -112,7 +112,6 @@ class StragglerTracker:
         for job, finished in completions.items():
             state = self._jobs.setdefault(job, _Job())
             for completion in sorted(finished, key=lambda c: c.at):
-                state.known.add(completion.connection)
                 after, by = state.window
                 if state.open and (
                     completion.connection in state.open or completion.start_after >= by
@@ -121,9 +120,17 @@ class StragglerTracker:
                     after, by = state.window
                 state.open[completion.connection] = completion
                 state.window = (max(after, completion.start_after), min(by, completion.start_by))
-        unprimed_jobs = {job for job, key, _ in samples if not self._connections[key].primed}
+        unprimed_jobs: set[str] = set()
+        primed: dict[str, set[str]] = {}
+        for job, key, _ in samples:
+            if self._connections[key].primed:
+                primed.setdefault(job, set()).add(key)
+            else:
+                unprimed_jobs.add(job)
         for job, state in self._jobs.items():
-            state.known &= seen_connections
+            # Every measurable connection of the job: an iteration is complete when each has
+            # finished its push (one that never pushes delays the close by one iteration).
+            state.known = primed.get(job, set())
             state.warming_up = job in unprimed_jobs
             if state.open and (
                 state.known <= state.open.keys()
@@ -174,8 +181,10 @@ class StragglerTracker:
         done = list(state.open.values())
         state.open = {}
         state.window = (float("-inf"), float("inf"))
-        if state.warming_up:
-            state.last_done = None
+        if state.warming_up or state.last_done is None:
+            # Warming up, or the first iteration after: connections primed during it may
+            # have had their push there unmeasured. It only marks where the next period starts.
+            state.last_done = max(c.at for c in done) if not state.warming_up else None
             return []
         first = min(c.at for c in done)
         last = max(c.at for c in done)
@@ -185,7 +194,7 @@ class StragglerTracker:
             last_done=last,
             connections=len(done),
             push_seconds=last - min(c.started_at for c in done),
-            period=None if state.last_done is None else last - state.last_done,
+            period=last - state.last_done,
         )
         state.last_done = last
         return [iteration]
