@@ -61,6 +61,8 @@ def main() -> None:
     parser.add_argument("--connections", type=int, default=16)
     parser.add_argument("--scan-interval", default="250ms")
     parser.add_argument("--profile", metavar="FILE", help="run the agent under cProfile")
+    parser.add_argument("--telemetry", choices=["on", "off"], default="on")
+    parser.add_argument("--sample-interval", default="100ms")
     args = parser.parse_args()
 
     with netns.host_pair() as pair, tempfile.TemporaryDirectory() as workdir:
@@ -77,7 +79,11 @@ def main() -> None:
                     start_holder(env, "--host", pair.a.ipv4, *connects, prefix=pair.a.exec_args())
                 )
             config = Path(workdir) / "agent.toml"
-            config.write_text(f'scan_interval = "{args.scan_interval}"\n')
+            config.write_text(
+                f'scan_interval = "{args.scan_interval}"\n[telemetry]\n'
+                f"enabled = {'true' if args.telemetry == 'on' else 'false'}\n"
+                f'sample_interval = "{args.sample_interval}"\n'
+            )
             sock = Path(workdir) / "agent.sock"
             command = [
                 sys.executable, *(["-m", "cProfile", "-o", args.profile] if args.profile else []),
@@ -110,7 +116,8 @@ def main() -> None:
                 holder.stop()
     print(
         f"jobs {args.jobs}, PS connections {connections}, rotation every 1 s, "
-        f"scan every {args.scan_interval}, {wall:.0f} s measured"
+        f"scan every {args.scan_interval}, telemetry {args.telemetry} "
+        f"(every {args.sample_interval}), {wall:.0f} s measured"
     )
     print(f"agent CPU: {100 * cpu / wall:.2f}% of one core")
     print(

@@ -13,6 +13,7 @@ import struct
 from collections.abc import Collection
 from dataclasses import dataclass, field
 from enum import IntEnum
+from typing import NamedTuple
 
 from tensorlights.netlink_io import NETLINK_SOCK_DIAG, NLMSG_HDR, NetlinkSocket
 
@@ -60,12 +61,11 @@ INET_DIAG_INFO = 2
 _NLA = struct.Struct("=HH")
 # struct tcp_info (linux/tcp.h) offsets: last_data_sent 44, last_ack_recv 56, rtt 68,
 # bytes_acked 120, segs_out 136, notsent_bytes 144, delivery_rate 160, bytes_sent 200.
-_TI_UNACKED = struct.Struct("=I")  # at 24
-_TI_TIMES = struct.Struct("=I8xI8xI")  # at 44: last_data_sent, last_ack_recv, rtt
-_TI_BYTES_ACKED = struct.Struct("=Q")
-_TI_SEGS = struct.Struct("=I4xI")  # at 136: segs_out, notsent_bytes
-_TI_RATE = struct.Struct("=Q")
-_TI_MIN_LEN = 208  # bytes_sent arrived in Linux 4.19
+# struct tcp_info (linux/tcp.h), the fields of TcpInfo in order, read in one unpack:
+# unacked @24, last_data_sent @44, last_ack_recv @56, rtt @68, bytes_acked @120,
+# segs_out @136, notsent_bytes @144, delivery_rate @160, bytes_sent @200 (Linux 4.19+).
+_TCP_INFO = struct.Struct("=24xI16xI8xI8xI48xQ8xI4xI12xQ32xQ")
+_TI_MIN_LEN = _TCP_INFO.size
 
 
 @dataclass(frozen=True, slots=True)
@@ -83,21 +83,21 @@ class TcpSocket:
     socket in a later per-socket query."""
 
 
-@dataclass(frozen=True, slots=True)
-class TcpInfo:
-    """The fields of the kernel's struct tcp_info that telemetry uses."""
+class TcpInfo(NamedTuple):
+    """The fields of the kernel's struct tcp_info that telemetry uses (a tuple: one is made
+    per connection per sampling round)."""
 
-    bytes_sent: int
-    bytes_acked: int
-    notsent_bytes: int
+    unacked: int
+    """Segments in flight, not yet acknowledged."""
     last_data_sent_ms: int
     last_ack_recv_ms: int
     rtt_us: int
+    bytes_acked: int
+    segs_out: int
+    notsent_bytes: int
     delivery_rate: int
     """Bytes per second, the kernel's most recent estimate."""
-    segs_out: int
-    unacked: int
-    """Segments in flight, not yet acknowledged."""
+    bytes_sent: int
 
 
 class SockDiag:
@@ -150,20 +150,7 @@ def _tcp_info(raw: bytes) -> TcpInfo | None:
         if length < _NLA.size:
             return None
         if kind & 0x3FFF == INET_DIAG_INFO and length - _NLA.size >= _TI_MIN_LEN:
-            base = offset + _NLA.size
-            last_sent, last_ack, rtt = _TI_TIMES.unpack_from(raw, base + 44)
-            segs_out, notsent = _TI_SEGS.unpack_from(raw, base + 136)
-            return TcpInfo(
-                bytes_sent=_TI_BYTES_ACKED.unpack_from(raw, base + 200)[0],
-                bytes_acked=_TI_BYTES_ACKED.unpack_from(raw, base + 120)[0],
-                notsent_bytes=notsent,
-                last_data_sent_ms=last_sent,
-                last_ack_recv_ms=last_ack,
-                rtt_us=rtt,
-                delivery_rate=_TI_RATE.unpack_from(raw, base + 160)[0],
-                segs_out=segs_out,
-                unacked=_TI_UNACKED.unpack_from(raw, base + 24)[0],
-            )
+            return TcpInfo._make(_TCP_INFO.unpack_from(raw, offset + _NLA.size))
         offset += (length + 3) & ~3
     return None
 

@@ -23,7 +23,7 @@ consecutive iterations; push time = last completion - the earliest estimated pus
 
 from __future__ import annotations
 
-from collections.abc import Iterable
+from collections.abc import Iterable, Mapping
 from dataclasses import dataclass, field
 
 from tensorlights.discovery.sockdiag import TcpInfo
@@ -61,6 +61,7 @@ class Iteration:
 
 @dataclass
 class _Connection:
+    job: str
     acked_when_idle: int
     acked_last: int
     primed: bool
@@ -88,23 +89,39 @@ class StragglerTracker:
         self.sent_bytes: dict[str, int] = {}
         """Bytes acknowledged per job since tracking began (for byte counters)."""
 
-    def observe(self, now: float, samples: Iterable[tuple[str, str, TcpInfo]]) -> list[Iteration]:
-        """One sampling round: (job, connection key, tcp_info) for every PS connection now.
-        Returns the iterations that closed. Connections and jobs not in the round are
+    def busy_jobs(self) -> set[str]:
+        """Jobs with a connection last seen pushing (or not primed yet)."""
+        return {
+            conn.job
+            for conn in self._connections.values()
+            if conn.busy_at is not None or not conn.primed
+        }
+
+    def observe(
+        self,
+        now: float,
+        samples: Iterable[tuple[str, str, TcpInfo]],
+        present: Mapping[str, set[str]] | None = None,
+    ) -> list[Iteration]:
+        """One sampling round: (job, connection key, tcp_info) for the connections sampled
+        now; `present`: every connection that exists, by job (default: those sampled).
+        Returns the iterations that closed. Connections and jobs no longer present are
         forgotten (their process or socket is gone)."""
+        samples = list(samples)
+        if present is None:
+            present = {}
+            for job, key, _ in samples:
+                present.setdefault(job, set()).add(key)
         completions: dict[str, list[Completion]] = {}
-        seen_connections: set[str] = set()
-        seen_jobs: set[str] = set()
         for job, key, info in samples:
-            seen_connections.add(key)
-            seen_jobs.add(job)
             completion = self._observe_connection(now, job, key, info)
             if completion is not None:
                 completions.setdefault(job, []).append(completion)
-        for key in self._connections.keys() - seen_connections:
+        present_keys = set().union(*present.values()) if present else set()
+        for key in self._connections.keys() - present_keys:
             del self._connections[key]
         closed: list[Iteration] = []
-        for job in self._jobs.keys() - seen_jobs:
+        for job in self._jobs.keys() - present.keys():
             state = self._jobs.pop(job)  # the job ended: its last iteration is complete
             if state.open:
                 closed.extend(self._close(job, state))
@@ -122,11 +139,13 @@ class StragglerTracker:
                 state.window = (max(after, completion.start_after), min(by, completion.start_by))
         unprimed_jobs: set[str] = set()
         primed: dict[str, set[str]] = {}
-        for job, key, _ in samples:
-            if self._connections[key].primed:
-                primed.setdefault(job, set()).add(key)
-            else:
-                unprimed_jobs.add(job)
+        for job, keys in present.items():
+            for key in keys:
+                conn = self._connections.get(key)
+                if conn is not None and conn.primed:
+                    primed.setdefault(job, set()).add(key)
+                else:
+                    unprimed_jobs.add(job)
         for job, state in self._jobs.items():
             # Every measurable connection of the job: an iteration is complete when each has
             # finished its push (one that never pushes delays the close by one iteration).
@@ -146,7 +165,7 @@ class StragglerTracker:
         idle = info.unacked == 0 and info.notsent_bytes == 0
         if state is None:
             self._connections[key] = _Connection(
-                info.bytes_acked, info.bytes_acked, idle, idle_at=now
+                job, info.bytes_acked, info.bytes_acked, idle, idle_at=now
             )
             return None
         if info.bytes_acked > state.acked_last:
