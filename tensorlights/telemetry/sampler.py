@@ -19,7 +19,7 @@ from tensorlights.model import DiscoverySnapshot
 from tensorlights.telemetry.straggler import DEFAULT_MIN_PUSH_BYTES, Iteration, StragglerTracker
 
 RECENT_ITERATIONS = 200
-FULL_ROUND_EVERY = 4
+FULL_ROUND_EVERY = 10
 KEEP_ENDED_JOBS_S = 60.0
 """A finished job's last iterations stay in `recent()` this long (its final push closes only
 when its connections are gone, i.e. after it ended)."""
@@ -37,7 +37,9 @@ class TelemetrySampler:
         self.tracker = StragglerTracker(min_push_bytes)
         self._on_iteration = on_iteration
         self._clock = clock
-        self._snapshot: DiscoverySnapshot | None = None
+        self._targets: (
+            tuple[dict[str, list[tuple[str, tuple[int, bytes]]]], dict[str, set[str]]] | None
+        ) = None
         self._lock = threading.Lock()
         self._recent: dict[str, deque[Iteration]] = {}
         self._last_seen: dict[str, float] = {}
@@ -51,7 +53,19 @@ class TelemetrySampler:
         """Connection samples taken so far (the cost driver)."""
 
     def set_snapshot(self, snapshot: DiscoverySnapshot) -> None:
-        self._snapshot = snapshot
+        """The PS connections to sample from now on (called by the loop after each scan; the
+        per-round work is prepared here, once per scan, not once per round)."""
+        by_job: dict[str, list[tuple[str, tuple[int, bytes]]]] = {}
+        for task in snapshot.tasks:
+            if not task.in_agent_netns:
+                continue  # its connections live in another namespace's tables
+            for conn in task.connections:
+                if conn.kernel_id:
+                    by_job.setdefault(task.job, []).append(
+                        (conn.kernel_id.hex(), (conn.family, conn.kernel_id))
+                    )
+        present = {job: {key for key, _ in conns} for job, conns in by_job.items()}
+        self._targets = (by_job, present)
 
     def recent(self) -> dict[str, list[Iteration]]:
         with self._lock:
@@ -66,18 +80,10 @@ class TelemetrySampler:
         connection sampled per round, in turn, and all of them every FULL_ROUND_EVERY
         rounds: every push of a job starts at once, so one connection going busy shows the
         push began, and from the next round on all are sampled until all are idle again."""
-        snapshot = self._snapshot
-        if snapshot is None:
+        targets = self._targets
+        if targets is None:
             return []
-        by_job: dict[str, list[tuple[str, tuple[int, bytes]]]] = {}
-        for task in snapshot.tasks:
-            if not task.in_agent_netns:
-                continue  # its connections live in another namespace's tables
-            for conn in task.connections:
-                if conn.kernel_id:
-                    by_job.setdefault(task.job, []).append(
-                        (conn.kernel_id.hex(), (conn.family, conn.kernel_id))
-                    )
+        by_job, present = targets
         self._round += 1
         keys: list[tuple[str, str]] = []
         ids: list[tuple[int, bytes]] = []
@@ -95,9 +101,8 @@ class TelemetrySampler:
         infos = self._diag.tcp_info(ids) if ids else []
         now = self._clock()
         gone = {key for (_, key), info in zip(keys, infos, strict=True) if info is None}
-        present = {
-            job: {key for key, _ in conns if key not in gone} for job, conns in by_job.items()
-        }
+        if gone:  # closed since the last scan
+            present = {job: keys - gone for job, keys in present.items()}
         samples = [(job, key, info) for (job, key), info in zip(keys, infos, strict=True) if info]
         self.sampled_connections += len(ids)
         self._known_jobs = set(by_job)

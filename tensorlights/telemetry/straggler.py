@@ -117,9 +117,12 @@ class StragglerTracker:
             completion = self._observe_connection(now, job, key, info)
             if completion is not None:
                 completions.setdefault(job, []).append(completion)
-        present_keys = set().union(*present.values()) if present else set()
-        for key in self._connections.keys() - present_keys:
-            del self._connections[key]
+        if len(self._connections) != sum(len(keys) for keys in present.values()) or any(
+            conn.job not in present for conn in self._connections.values()
+        ):
+            present_keys = set().union(*present.values()) if present else set()
+            for key in self._connections.keys() - present_keys:
+                del self._connections[key]
         closed: list[Iteration] = []
         for job in self._jobs.keys() - present.keys():
             state = self._jobs.pop(job)  # the job ended: its last iteration is complete
@@ -128,6 +131,7 @@ class StragglerTracker:
             self.sent_bytes.pop(job, None)
         for job, finished in completions.items():
             state = self._jobs.setdefault(job, _Job())
+            self._update_membership(state, present.get(job, set()))
             for completion in sorted(finished, key=lambda c: c.at):
                 after, by = state.window
                 if state.open and (
@@ -137,26 +141,23 @@ class StragglerTracker:
                     after, by = state.window
                 state.open[completion.connection] = completion
                 state.window = (max(after, completion.start_after), min(by, completion.start_by))
-        unprimed_jobs: set[str] = set()
-        primed: dict[str, set[str]] = {}
-        for job, keys in present.items():
-            for key in keys:
-                conn = self._connections.get(key)
-                if conn is not None and conn.primed:
-                    primed.setdefault(job, set()).add(key)
-                else:
-                    unprimed_jobs.add(job)
         for job, state in self._jobs.items():
-            # Every measurable connection of the job: an iteration is complete when each has
-            # finished its push (one that never pushes delays the close by one iteration).
-            state.known = primed.get(job, set())
-            state.warming_up = job in unprimed_jobs
-            if state.open and (
-                state.known <= state.open.keys()
-                or now - min(c.at for c in state.open.values()) > MAX_OPEN_ITERATION_S
+            if not state.open:
+                continue
+            self._update_membership(state, present.get(job, set()))
+            if state.known <= state.open.keys() or (
+                now - min(c.at for c in state.open.values()) > MAX_OPEN_ITERATION_S
             ):
                 closed.extend(self._close(job, state))
         return closed
+
+    def _update_membership(self, state: _Job, keys: set[str]) -> None:
+        """Every measurable connection of the job: an iteration is complete when each has
+        finished its push (one that never pushes delays the close by one iteration)."""
+        state.known = {
+            key for key in keys if (conn := self._connections.get(key)) is not None and conn.primed
+        }
+        state.warming_up = len(state.known) < len(keys)
 
     def _observe_connection(
         self, now: float, job: str, key: str, info: TcpInfo
