@@ -25,15 +25,15 @@ from typing import Any
 from tensorlights.agent.status import read_status
 from tensorlights.discovery.rules import DiscoveryRules, ProcessFacts, identify
 from tensorlights.errors import TransientError
-from tensorlights.telemetry.accuracy import Agreement, Measured, compare
+from tensorlights.telemetry.accuracy import Agreement, compare
 from tensorlights.testbed import netns
-from tensorlights.testbed.psjob import RunningJob, start_job
+from tensorlights.testbed.psjob import (
+    RunningJob,
+    collect_iterations,
+    start_job,
+    tf_launcher_env,
+)
 from tensorlights.testbed.socket_holder import clean_env
-
-
-def tf_env(tag: str) -> dict[str, str]:
-    cluster = {"ps": [f"ps-{tag}:1"], "worker": [f"w{i}-{tag}:1" for i in range(3)]}
-    return {"TF_CONFIG": json.dumps({"cluster": cluster, "task": {"type": "ps", "index": 0}})}
 
 
 def job_id(env: dict[str, str]) -> str:
@@ -74,22 +74,12 @@ def run_policy(policy: str, args: argparse.Namespace) -> list[tuple[str, Agreeme
             while status(sock) is None and time.monotonic() < end:
                 time.sleep(0.1)
             for tag in ("a", "b"):
-                env = tf_env(tag)
+                env = tf_launcher_env(tag, 3)
                 jobs[job_id(env)] = start_job(
                     pair.a.exec_args(), pair.b.exec_args(), pair.a.ipv4, clean_env(env),
                     3, args.model_bytes, args.iterations, args.compute,
                 )  # fmt: skip
-            # The agent keeps iterations of present jobs only: collect them while they run.
-            seen: dict[str, dict[float, dict[str, Any]]] = {job: {} for job in jobs}
-            running_until = None
-            while running_until is None or time.monotonic() < running_until:
-                for job, items in ((status(sock) or {}).get("telemetry") or {}).items():
-                    for item in items:
-                        seen.setdefault(job, {})[item["last_done_monotonic"]] = item
-                if running_until is None and all(r.ps.poll() is not None for r in jobs.values()):
-                    running_until = time.monotonic() + 1.0  # the final pushes close after exit
-                time.sleep(0.5)
-            truths = {job: running.received(timeout=600) for job, running in jobs.items()}
+            truths, measured = collect_iterations(lambda: status(sock), jobs)
         finally:
             for running in jobs.values():
                 running.kill()
@@ -97,14 +87,10 @@ def run_policy(policy: str, args: argparse.Namespace) -> list[tuple[str, Agreeme
             agent.wait(20)
     results = []
     for job, received in truths.items():
-        measured = [
-            Measured(it["last_done_monotonic"], it["spread_s"], it["period_s"])
-            for it in seen.get(job, {}).values()
-        ]
-        results.append((job, compare(received, measured)))
+        results.append((job, compare(received, measured[job])))
         if args.verbose:
             for k, times in enumerate(zip(*received, strict=False)):
-                near = min(measured, key=lambda m: abs(m.last_done - max(times)), default=None)
+                near = min(measured[job], key=lambda m: abs(m.last_done - max(times)), default=None)
                 print(
                     f"  {job} #{k}: truth last {max(times):.3f} spread "
                     f"{(max(times) - min(times)) * 1e3:.1f} ms; measured "

@@ -23,7 +23,11 @@ import subprocess
 import sys
 import threading
 import time
+from collections.abc import Callable
 from dataclasses import dataclass
+from typing import Any
+
+from tensorlights.telemetry.accuracy import Measured
 
 CHUNK = 256 * 1024
 
@@ -160,6 +164,34 @@ def start_job(
         for _ in range(workers)
     ]  # fmt: skip
     return RunningJob(ps, started)
+
+
+def tf_launcher_env(tag: str, workers: int) -> dict[str, str]:
+    """The TF_CONFIG a launcher would give job `tag`'s PS."""
+    cluster = {"ps": [f"ps-{tag}:1"], "worker": [f"w{i}-{tag}:1" for i in range(workers)]}
+    return {"TF_CONFIG": json.dumps({"cluster": cluster, "task": {"type": "ps", "index": 0}})}
+
+
+def collect_iterations(
+    read_status: Callable[[], dict[str, Any] | None],
+    jobs: dict[str, RunningJob],
+    timeout_s: float = 600,
+) -> tuple[dict[str, list[list[float]]], dict[str, list[Measured]]]:
+    """Run the jobs to their end while reading the agent's status; the workers' own receive
+    times (truth) and the agent's measured iterations, per job."""
+    seen: dict[str, dict[float, Measured]] = {job: {} for job in jobs}
+    finished_at = None
+    end = time.monotonic() + timeout_s
+    while time.monotonic() < end and (finished_at is None or time.monotonic() < finished_at):
+        for job, items in ((read_status() or {}).get("telemetry") or {}).items():
+            for item in items:
+                measured = Measured(item["last_done_monotonic"], item["spread_s"], item["period_s"])
+                seen.setdefault(job, {})[measured.last_done] = measured
+        if finished_at is None and all(r.ps.poll() is not None for r in jobs.values()):
+            finished_at = time.monotonic() + 1.0  # final pushes close once connections go
+        time.sleep(0.5)
+    truths = {job: running.received(timeout=60) for job, running in jobs.items()}
+    return truths, {job: list(items.values()) for job, items in seen.items()}
 
 
 def main(argv: list[str] | None = None) -> int:

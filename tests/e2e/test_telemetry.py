@@ -1,0 +1,86 @@
+"""Straggler telemetry of the real agent against the workload's own ground truth."""
+
+from __future__ import annotations
+
+from collections.abc import Iterator
+from pathlib import Path
+
+import pytest
+
+from tensorlights.discovery.rules import DiscoveryRules, ProcessFacts, identify
+from tensorlights.telemetry.accuracy import compare
+from tensorlights.testbed import netns
+from tensorlights.testbed.psjob import RunningJob, collect_iterations, start_job, tf_launcher_env
+from tensorlights.testbed.socket_holder import clean_env
+
+from .agentproc import AgentProcess, metric
+
+pytestmark = pytest.mark.root
+
+ITERATIONS = 20
+WARM_UP = 2  # iterations the agent does not report: it met the job mid-push, then anchors
+
+
+def job_of(env: dict[str, str]) -> str:
+    identity = identify(ProcessFacts(0, "python", "python", (), env, ""), DiscoveryRules()).identity
+    assert identity is not None
+    return identity.job
+
+
+@pytest.fixture
+def agent_slot() -> Iterator[list[AgentProcess]]:
+    held: list[AgentProcess] = []
+    try:
+        yield held
+    finally:
+        for agent in held:
+            agent.stop()
+
+
+@pytest.mark.parametrize("policy", ["fifo", "rotate"])
+def test_measured_spread_and_period_match_the_workers_own_log(
+    pair: netns.HostPair, tmp_path: Path, agent_slot: list[AgentProcess], policy: str
+) -> None:
+    if policy == "fifo":  # the agent shapes nothing: a plain 200 Mbit bottleneck instead
+        netns.run(
+            ["tc", "-n", pair.a.ns, "qdisc", "replace", "dev", "veth-a", "root", "tbf",
+             "rate", "200mbit", "burst", "256kb", "latency", "50ms"]
+        )  # fmt: skip
+    agent = AgentProcess(pair, tmp_path, "--policy", policy, "--interval", "1s")
+    agent_slot.append(agent)
+    agent.wait_status(lambda d: "telemetry" in d)
+    jobs: dict[str, RunningJob] = {}
+    try:
+        for tag in ("a", "b"):
+            env = tf_launcher_env(tag, 3)
+            jobs[job_of(env)] = start_job(
+                pair.a.exec_args(), pair.b.exec_args(), pair.a.ipv4, clean_env(env),
+                workers=3, model_bytes=3_000_000, iterations=ITERATIONS, compute_s=0.25,
+            )  # fmt: skip
+        code, text = 0, ""
+
+        def status() -> dict | None:  # type: ignore[type-arg]
+            nonlocal code, text
+            document = agent.status()
+            running = all(r.ps.poll() is None for r in jobs.values())
+            if running and document and len(document.get("telemetry") or {}) == len(jobs):
+                code, text = agent.http("/metrics")  # scraped while the jobs run
+            return document
+
+        truths, measured = collect_iterations(status, jobs)
+    finally:
+        for running in jobs.values():
+            running.kill()
+    for job, received in truths.items():
+        agreement = compare(received, measured[job])
+        assert agreement.iterations == ITERATIONS
+        assert agreement.matched >= ITERATIONS - WARM_UP, (job, agreement)
+        # Every reported iteration within 10% or 10 ms of the truth, bar one.
+        assert agreement.spread_ok >= agreement.matched - 1, (job, agreement)
+        assert agreement.period_ok >= agreement.period_checked - 1, (job, agreement)
+        assert metric(text, "tensorlights_straggler_spread_seconds_count", f'job="{job}"') > 0
+        assert metric(text, "tensorlights_iteration_seconds_count", f'job="{job}"') > 0
+        assert metric(text, "tensorlights_job_sent_bytes_total", f'job="{job}"') > 3_000_000
+    assert code == 200
+    if policy == "rotate":
+        assert metric(text, "tensorlights_band_bytes_total", 'band="0"') > 0
