@@ -242,12 +242,18 @@ def _int_set(values: Mapping[str, Any], key: str) -> frozenset[int] | None:
     return frozenset(items)
 
 
-def _discovery(table: Any) -> DiscoveryRules:
+def _section(table: Any, name: str, keys: set[str]) -> dict[str, Any]:
+    """A [name] table of the file, with only the keys it may have."""
     if not isinstance(table, dict):
-        raise ConfigError("[discovery] must be a table")
-    unknown = set(table) - _DISCOVERY_KEYS
+        raise ConfigError(f"[{name}] must be a table")
+    unknown = set(table) - keys
     if unknown:
-        raise ConfigError(f"unknown [discovery] keys: {', '.join(sorted(unknown))}")
+        raise ConfigError(f"unknown [{name}] keys: {', '.join(sorted(unknown))}")
+    return table
+
+
+def _discovery(table: Any) -> DiscoveryRules:
+    table = _section(table, "discovery", _DISCOVERY_KEYS)
     rules = DiscoveryRules()
     roles = table.get("torch_ps_roles")
     if roles is not None:
@@ -281,11 +287,7 @@ def _discovery(table: Any) -> DiscoveryRules:
 
 
 def _dscp(table: Any) -> dict[str, Any]:
-    if not isinstance(table, dict):
-        raise ConfigError("[dscp] must be a table")
-    unknown = set(table) - _DSCP_KEYS
-    if unknown:
-        raise ConfigError(f"unknown [dscp] keys: {', '.join(sorted(unknown))}")
+    table = _section(table, "dscp", _DSCP_KEYS)
     bands = table.get("bands", list(DEFAULT_BAND_DSCP))
     if not isinstance(bands, list):
         raise ConfigError("dscp.bands must be a list of DSCP code points")
@@ -299,11 +301,7 @@ def _dscp(table: Any) -> dict[str, Any]:
 
 
 def _telemetry(table: Any) -> dict[str, Any]:
-    if not isinstance(table, dict):
-        raise ConfigError("[telemetry] must be a table")
-    unknown = set(table) - _TELEMETRY_KEYS
-    if unknown:
-        raise ConfigError(f"unknown [telemetry] keys: {', '.join(sorted(unknown))}")
+    table = _section(table, "telemetry", _TELEMETRY_KEYS)
     min_push = table.get("min_push_bytes", 16 * 1024)
     if isinstance(min_push, bool) or not isinstance(min_push, int):
         raise ConfigError("telemetry.min_push_bytes must be an integer")

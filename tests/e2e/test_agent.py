@@ -47,16 +47,6 @@ def ps_jobs(pair: netns.HostPair) -> Iterator[dict[str, subprocess.Popen[str]]]:
             server.wait()
 
 
-@pytest.fixture
-def agents(pair: netns.HostPair, tmp_path: Path) -> Iterator[list[AgentProcess]]:
-    started: list[AgentProcess] = []
-    try:
-        yield started
-    finally:
-        for agent in started:
-            agent.stop()
-
-
 def two_jobs_known(document: dict[str, Any]) -> bool:
     return len(document.get("bands", {})) == 2
 

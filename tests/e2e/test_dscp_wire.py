@@ -42,16 +42,6 @@ def servers(pair: netns.HostPair) -> Iterator[dict[int, subprocess.Popen[str]]]:
             server.wait()
 
 
-@pytest.fixture
-def agent_slot(pair: netns.HostPair, tmp_path: Path) -> Iterator[list[AgentProcess]]:
-    held: list[AgentProcess] = []
-    try:
-        yield held
-    finally:
-        for agent in held:
-            agent.stop()
-
-
 def sniff(pair: netns.HostPair, seconds: float) -> subprocess.Popen[str]:
     command = [sys.executable, "-m", "tensorlights.testbed.sniff", "--iface", "veth-b"]
     proc = subprocess.Popen(
@@ -64,12 +54,12 @@ def sniff(pair: netns.HostPair, seconds: float) -> subprocess.Popen[str]:
 def test_marks_follow_the_green_light_and_other_traffic_keeps_dscp_0(
     pair: netns.HostPair,
     servers: dict[int, subprocess.Popen[str]],
-    agent_slot: list[AgentProcess],
+    agents: list[AgentProcess],
     tmp_path: Path,
 ) -> None:
     # 20 Mbit keeps the packet rate within what scapy dissects on two cores.
     agent = AgentProcess(pair, tmp_path, "--interval", "1s", "--link-rate", "20mbit")
-    agent_slot.append(agent)
+    agents.append(agent)
     document = agent.wait_status(lambda d: len(d.get("bands", {})) == 2)
     assert set(document["dscp"].values()) == {GREEN, NEXT}
 
@@ -104,13 +94,13 @@ def test_marks_follow_the_green_light_and_other_traffic_keeps_dscp_0(
 
 
 def test_receiver_dropping_unmarked_packets_still_gets_the_green_jobs_data(
-    pair: netns.HostPair, agent_slot: list[AgentProcess], tmp_path: Path
+    pair: netns.HostPair, agents: list[AgentProcess], tmp_path: Path
 ) -> None:
     ps = traffic.start_server(pair.a.ns, [5001], env=clean_env({"TF_CONFIG": tf_config("a")}))
     plain = traffic.start_server(pair.a.ns, [PLAIN_PORT], env=clean_env())
     try:
         agent = AgentProcess(pair, tmp_path, "--policy", "static")
-        agent_slot.append(agent)
+        agents.append(agent)
         agent.wait_status(lambda d: len(d.get("bands", {})) == 1)
         rules = (
             "table inet rx {\n  chain in {\n    type filter hook input priority 0; policy accept;\n"

@@ -2,7 +2,6 @@
 
 from __future__ import annotations
 
-from collections.abc import Iterator
 from pathlib import Path
 
 import pytest
@@ -27,19 +26,9 @@ def job_of(env: dict[str, str]) -> str:
     return identity.job
 
 
-@pytest.fixture
-def agent_slot() -> Iterator[list[AgentProcess]]:
-    held: list[AgentProcess] = []
-    try:
-        yield held
-    finally:
-        for agent in held:
-            agent.stop()
-
-
 @pytest.mark.parametrize("policy", ["fifo", "rotate"])
 def test_measured_spread_and_period_match_the_workers_own_log(
-    pair: netns.HostPair, tmp_path: Path, agent_slot: list[AgentProcess], policy: str
+    pair: netns.HostPair, tmp_path: Path, agents: list[AgentProcess], policy: str
 ) -> None:
     if policy == "fifo":  # the agent shapes nothing: a plain 200 Mbit bottleneck instead
         netns.run(
@@ -47,7 +36,7 @@ def test_measured_spread_and_period_match_the_workers_own_log(
              "rate", "200mbit", "burst", "256kb", "latency", "50ms"]
         )  # fmt: skip
     agent = AgentProcess(pair, tmp_path, "--policy", policy, "--interval", "1s")
-    agent_slot.append(agent)
+    agents.append(agent)
     agent.wait_status(lambda d: "telemetry" in d)
     jobs: dict[str, RunningJob] = {}
     try:
