@@ -122,7 +122,7 @@ class AgentApp:
         self.registry.register(
             KernelCounters(
                 lambda: datapath.class_counters(self.config.interface),
-                sampler.sent_bytes if sampler is not None else dict,
+                sampler.sent_counters if sampler is not None else dict,
             )
         )
         self._sampler = sampler

@@ -142,15 +142,16 @@ class AgentMetrics:
 
 class KernelCounters(Collector):
     """Counters the kernel keeps, read at scrape time: tc class bytes/packets/drops per band,
-    and bytes each job's PS connections had acknowledged (tcp_info)."""
+    and what each job's PS connections sent (tcp_info): jobs share band classes, so per-job
+    counters come from their sockets."""
 
     def __init__(
         self,
         class_counters: Callable[[], dict[int, tuple[int, int, int]]],
-        job_bytes: Callable[[], dict[str, int]],
+        job_counters: Callable[[], dict[str, tuple[int, int]]],
     ) -> None:
         self._class_counters = class_counters
-        self._job_bytes = job_bytes
+        self._job_counters = job_counters
 
     def collect(self) -> Iterator[CounterMetricFamily]:
         names = ("bytes", "packets", "drops")
@@ -181,6 +182,13 @@ class KernelCounters(Collector):
             "Bytes the job's PS connections on this host had acknowledged (tcp_info).",
             labels=["job"],
         )
-        for job, value in sorted(self._job_bytes().items()):
-            sent.add_metric([job], value)
+        packets = CounterMetricFamily(
+            "tensorlights_job_sent_packets",
+            "Data segments the job's PS connections on this host sent (tcp_info).",
+            labels=["job"],
+        )
+        for job, (sent_bytes, sent_packets) in sorted(self._job_counters().items()):
+            sent.add_metric([job], sent_bytes)
+            packets.add_metric([job], sent_packets)
         yield sent
+        yield packets

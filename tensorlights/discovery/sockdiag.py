@@ -63,8 +63,9 @@ _NLA = struct.Struct("=HH")
 # bytes_acked 120, segs_out 136, notsent_bytes 144, delivery_rate 160, bytes_sent 200.
 # struct tcp_info (linux/tcp.h), the fields of TcpInfo in order, read in one unpack:
 # unacked @24, last_data_sent @44, last_ack_recv @56, rtt @68, bytes_acked @120,
-# segs_out @136, notsent_bytes @144, delivery_rate @160, bytes_sent @200 (Linux 4.19+).
-_TCP_INFO = struct.Struct("=24xI16xI8xI8xI48xQ8xI4xI12xQ32xQ")
+# segs_out @136, notsent_bytes @144, data_segs_out @156, delivery_rate @160,
+# bytes_sent @200 (Linux 4.19+).
+_TCP_INFO = struct.Struct("=24xI16xI8xI8xI48xQ8xI4xI8xIQ32xQ")
 _TI_MIN_LEN = _TCP_INFO.size
 
 
@@ -95,6 +96,8 @@ class TcpInfo(NamedTuple):
     bytes_acked: int
     segs_out: int
     notsent_bytes: int
+    data_segs_out: int
+    """Segments carrying data sent, retransmissions included (packets, for counters)."""
     delivery_rate: int
     """Bytes per second, the kernel's most recent estimate."""
     bytes_sent: int

@@ -71,9 +71,11 @@ class TelemetrySampler:
         with self._lock:
             return {job: list(items) for job, items in self._recent.items()}
 
-    def sent_bytes(self) -> dict[str, int]:
+    def sent_counters(self) -> dict[str, tuple[int, int]]:
+        """Per job: (bytes acknowledged, data segments sent) since tracking began."""
         with self._lock:
-            return dict(self.tracker.sent_bytes)
+            packets = self.tracker.sent_packets
+            return {job: (n, packets.get(job, 0)) for job, n in self.tracker.sent_bytes.items()}
 
     def sample_once(self) -> list[Iteration]:
         """One round. A job whose connections are all idle (its workers computing) has one

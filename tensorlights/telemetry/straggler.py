@@ -67,6 +67,7 @@ class _Connection:
     primed: bool
     """Seen idle at least once: the next push is measured from its start."""
     idle_at: float
+    segs_last: int = 0
     busy_at: float | None = None
 
 
@@ -88,6 +89,8 @@ class StragglerTracker:
         self._jobs: dict[str, _Job] = {}
         self.sent_bytes: dict[str, int] = {}
         """Bytes acknowledged per job since tracking began (for byte counters)."""
+        self.sent_packets: dict[str, int] = {}
+        """Data segments sent per job since tracking began."""
 
     def busy_jobs(self) -> set[str]:
         """Jobs with a connection last seen pushing (or not primed yet)."""
@@ -129,6 +132,7 @@ class StragglerTracker:
             if state.open:
                 closed.extend(self._close(job, state))
             self.sent_bytes.pop(job, None)
+            self.sent_packets.pop(job, None)
         for job, finished in completions.items():
             state = self._jobs.setdefault(job, _Job())
             self._update_membership(state, present.get(job, set()))
@@ -166,12 +170,18 @@ class StragglerTracker:
         idle = info.unacked == 0 and info.notsent_bytes == 0
         if state is None:
             self._connections[key] = _Connection(
-                job, info.bytes_acked, info.bytes_acked, idle, idle_at=now
-            )
+                job, info.bytes_acked, info.bytes_acked, idle, idle_at=now,
+                segs_last=info.data_segs_out,
+            )  # fmt: skip
             return None
         if info.bytes_acked > state.acked_last:
             self.sent_bytes[job] = self.sent_bytes.get(job, 0) + info.bytes_acked - state.acked_last
         state.acked_last = info.bytes_acked
+        if info.data_segs_out > state.segs_last:
+            self.sent_packets[job] = (
+                self.sent_packets.get(job, 0) + info.data_segs_out - state.segs_last
+            )
+        state.segs_last = info.data_segs_out
         grown = info.bytes_acked - state.acked_when_idle
         if not idle:
             if state.busy_at is None:

@@ -70,6 +70,7 @@ def test_measured_spread_and_period_match_the_workers_own_log(
         assert metric(text, "tensorlights_straggler_spread_seconds_count", f'job="{job}"') > 0
         assert metric(text, "tensorlights_iteration_seconds_count", f'job="{job}"') > 0
         assert metric(text, "tensorlights_job_sent_bytes_total", f'job="{job}"') > 3_000_000
+        assert metric(text, "tensorlights_job_sent_packets_total", f'job="{job}"') > 100
     assert code == 200
     if policy == "rotate":
         assert metric(text, "tensorlights_band_bytes_total", 'band="0"') > 0

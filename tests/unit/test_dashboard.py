@@ -16,7 +16,7 @@ DASHBOARD = Path(__file__).parents[2] / "dashboards" / "tensorlights-host.json"
 def exported_names() -> set[str]:
     registry = CollectorRegistry()
     AgentMetrics(registry)
-    registry.register(KernelCounters(lambda: {0x10: (1, 1, 0)}, lambda: {"job": 1}))
+    registry.register(KernelCounters(lambda: {0x10: (1, 1, 0)}, lambda: {"job": (1, 1)}))
     names = set()
     for family in registry.collect():
         for sample in family.samples:

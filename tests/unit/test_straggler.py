@@ -39,6 +39,7 @@ class FakeConnection:
             bytes_acked=acked,
             segs_out=0,
             notsent_bytes=0,
+            data_segs_out=len(done),
             delivery_rate=MODEL * 10,
             bytes_sent=acked,
         )
@@ -103,7 +104,7 @@ def test_any_stragglers_with_compute_over_twice_the_sampling_are_measured(
 
 def test_small_messages_are_not_pushes_and_bytes_are_counted() -> None:
     tracker = StragglerTracker(min_push_bytes=16 * 1024)
-    base = TcpInfo(0, 0, 0, 100, 0, 0, 0, 10**6, 0)
+    base = TcpInfo(0, 0, 0, 100, 0, 0, 0, 0, 10**6, 0)
     tracker.observe(0.0, [("job", "c", base)])
     assert tracker.observe(0.1, [("job", "c", base._replace(bytes_acked=500))]) == []
     assert tracker.sent_bytes["job"] == 500
