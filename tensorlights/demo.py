@@ -1,122 +1,207 @@
-"""The datapath demo: two PS-like jobs share one 200 Mbit host link, first under plain FIFO,
-then with TensorLights giving one job at a time the green light and rotating it.
+"""The demo: three synthetic parameter-server jobs share one host's 200 Mbit link, first under
+plain FIFO, then with the real TensorLights agent, which finds the PS processes by their
+TF_CONFIG, shapes the link and moves the green light. Prints job completion times and
+median straggler spread for both runs from the workers' own logs, and the spread the agent's
+telemetry measured from the host.
 
-    python -m tensorlights.demo [--rate 200mbit] [--phase-seconds 6] [--rotate-every 2]
+    python -m tensorlights.demo [--rate 200mbit] [--policy rotate] [--interval 2s]
 
-Runs in its own network namespaces and removes them on exit. Needs root. Until discovery and
-the agent land, the demo tells the datapath the PS ports itself (5001 and 5002).
+Runs in network namespaces of its own (PS host, worker host) and removes them on exit, as
+well as every process it started. Needs root. Takes about a minute and a half.
 """
 
 from __future__ import annotations
 
 import argparse
 import json
+import statistics
 import subprocess
 import sys
 import tempfile
-import threading
+import time
 from pathlib import Path
+from typing import Any
 
 from rich.console import Console
 from rich.table import Table
 
-from tensorlights.datapath import open_datapath
-from tensorlights.model import DatapathSpec, JobShaping
-from tensorlights.testbed import netns, traffic
-from tensorlights.units import parse_duration, parse_rate
+from tensorlights.agent.status import read_status
+from tensorlights.errors import TransientError
+from tensorlights.testbed import netns
+from tensorlights.testbed.psjob import RunningJob, start_job, tf_launcher_env
+from tensorlights.testbed.socket_holder import clean_env
 
-JOBS = {"job-a": 5001, "job-b": 5002}
+JOBS = ("a", "b", "c")
+WORKERS = 2
 
 
-def _run_phase(pair: netns.HostPair, seconds: float) -> dict[str, list[float]]:
-    targets = [f"{pair.a.ipv4}:{port}" for port in JOBS.values()]
-    command = traffic.sink_command(targets, seconds, interval=1)
-    out = subprocess.run(pair.b.exec_args(*command), capture_output=True, text=True, check=True)
-    flows = json.loads(out.stdout)["flows"]
+def _run_jobs(
+    pair: netns.HostPair, args: argparse.Namespace, console: Console, sock: Path | None
+) -> dict[str, dict[str, float]]:
+    """Start the jobs together, wait for them; per job: JCT and median straggler spread."""
+    jobs: dict[str, RunningJob] = {}
+    started = time.monotonic()
+    try:
+        for tag in JOBS:
+            jobs[tag] = start_job(
+                pair.a.exec_args(), pair.b.exec_args(), pair.a.ipv4,
+                clean_env(tf_launcher_env(tag, WORKERS)), WORKERS, args.model_bytes,
+                args.iterations, args.compute,
+            )  # fmt: skip
+        last_green = None
+        while any(job.ps.poll() is None for job in jobs.values()):
+            if sock is not None:
+                last_green = _show_green(sock, console, started, last_green)
+            time.sleep(0.2)
+        results = {}
+        for tag, job in jobs.items():
+            received = job.received(timeout=60)
+            ends = [max(times) for times in zip(*received, strict=False)]
+            spreads = [max(times) - min(times) for times in zip(*received, strict=False)]
+            results[tag] = {"jct": ends[-1] - started, "spread": statistics.median(spreads)}
+        return results
+    finally:
+        for job in jobs.values():
+            job.kill()
+
+
+def _show_green(sock: Path, console: Console, started: float, last: str | None) -> str | None:
+    try:
+        document = read_status(sock)
+    except (TransientError, OSError, json.JSONDecodeError):
+        return last
+    green = document.get("rotations", {}).get("green")
+    if green and green != last:
+        tags = _tag_of_jobs(document)
+        console.print(
+            f"  {time.monotonic() - started:5.1f} s  green light -> job {tags.get(green, green)}"
+        )
+    return green if green else last
+
+
+def _tag_of_jobs(document: dict[str, Any]) -> dict[str, str]:
+    """The agent names jobs by their TF_CONFIG (tf/<hash>); map them back to a, b, c."""
+    from tensorlights.discovery.rules import DiscoveryRules, ProcessFacts, identify
+
+    names = {}
+    for tag in JOBS:
+        facts = ProcessFacts(0, "", "", (), tf_launcher_env(tag, WORKERS), "")
+        identity = identify(facts, DiscoveryRules()).identity
+        if identity is not None:
+            names[identity.job] = tag
+    return names
+
+
+def _agent_spreads(sock: Path) -> dict[str, float]:
+    """Median spread per job as the agent's own telemetry measured it."""
+    try:
+        document = read_status(sock)
+    except (TransientError, OSError, json.JSONDecodeError):
+        return {}
+    tags = _tag_of_jobs(document)
     return {
-        job: [b * 8 / 1e6 for b in flows[f"{pair.a.ipv4}:{port}"]] for job, port in JOBS.items()
+        tags[job]: statistics.median(item["spread_s"] for item in items)
+        for job, items in (document.get("telemetry") or {}).items()
+        if job in tags and items
     }
 
 
-def _table(title: str, mbit: dict[str, list[float]], green: list[str] | None) -> Table:
-    table = Table(title=title)
-    table.add_column("second")
-    for job in JOBS:
-        table.add_column(f"{job} Mbit/s", justify="right")
-    if green is not None:
-        table.add_column("green")
-    for second in range(len(next(iter(mbit.values())))):
-        row = [str(second + 1)] + [f"{mbit[job][second]:.0f}" for job in JOBS]
-        if green is not None:
-            row.append(green[second] if second < len(green) else "")
-        table.add_row(*row)
-    return table
+def _start_agent(
+    pair: netns.HostPair, workdir: Path, args: argparse.Namespace
+) -> subprocess.Popen[str]:
+    (workdir / "agent.toml").write_text("")
+    command = [
+        sys.executable, "-m", "tensorlights.cli.agent", "run", "--config",
+        str(workdir / "agent.toml"), "--interface", "veth-a", "--link-rate", args.rate,
+        "--policy", args.policy, "--interval", args.interval, "--standalone",
+        "--status-socket", str(workdir / "agent.sock"), "--state-dir", str(workdir / "state"),
+        "--log-level", "error",
+    ]  # fmt: skip
+    agent = subprocess.Popen(pair.a.exec_args(*command), env=clean_env(), text=True)
+    deadline = time.monotonic() + 30
+    while time.monotonic() < deadline:
+        try:
+            read_status(workdir / "agent.sock")
+            return agent
+        except (TransientError, OSError, json.JSONDecodeError):
+            if agent.poll() is not None:
+                raise RuntimeError(f"the agent exited with {agent.returncode}") from None
+            time.sleep(0.2)
+    agent.kill()
+    raise RuntimeError("the agent did not come up within 30 s")
 
 
 def main(argv: list[str] | None = None) -> int:
     parser = argparse.ArgumentParser(
         description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter
     )
-    parser.add_argument("--rate", default="200mbit")
-    parser.add_argument("--phase-seconds", type=int, default=6)
-    parser.add_argument("--rotate-every", default="2s")
+    parser.add_argument("--rate", default="200mbit", help="the PS host's link (default 200mbit)")
+    parser.add_argument("--policy", default="rotate", choices=["static", "rotate"])
+    parser.add_argument("--interval", default="2s", help="rotation slot (default 2s)")
+    parser.add_argument("--iterations", type=int, default=15)
+    parser.add_argument("--model-bytes", type=int, default=3_000_000)
+    parser.add_argument("--compute", type=float, default=0.25, help="seconds per iteration")
     args = parser.parse_args(argv)
-    rate = parse_rate(args.rate)
-    rotate_every = parse_duration(args.rotate_every)
     console = Console()
-    console.print(f"[bold]TensorLights datapath demo[/]: 2 jobs, one {args.rate} host link")
-    with netns.host_pair() as pair, tempfile.TemporaryDirectory() as state:
-        server = traffic.start_server(pair.a.ns, list(JOBS.values()))
+
+    console.print(
+        f"[bold]TensorLights demo[/bold]: {len(JOBS)} PS jobs x {WORKERS} workers, "
+        f"{args.model_bytes / 1e6:.0f} MB model, {args.compute * 1e3:.0f} ms compute, "
+        f"{args.iterations} iterations, one {args.rate} PS host link"
+    )
+    with netns.host_pair() as pair, tempfile.TemporaryDirectory() as tmp:
+        workdir = Path(tmp)
+        console.print("\n[bold]1. FIFO[/bold] (no TensorLights: the link interleaves every push)")
+        netns.run(
+            ["tc", "-n", pair.a.ns, "qdisc", "replace", "dev", "veth-a", "root", "tbf", "rate",
+             args.rate, "burst", "256kb", "latency", "50ms"]
+        )  # fmt: skip
+        fifo = _run_jobs(pair, args, console, None)
+        netns.run(["tc", "-n", pair.a.ns, "qdisc", "del", "dev", "veth-a", "root"])
+
+        console.print(
+            f"\n[bold]2. TensorLights[/bold] (agent: --policy {args.policy} --interval "
+            f"{args.interval}; it finds the PS processes by their TF_CONFIG)"
+        )
+        agent = _start_agent(pair, workdir, args)
         try:
-            # Baseline: every job in the same band, i.e. FIFO between the two PS flows.
-            datapath = open_datapath("htb", Path(state), netns=pair.a.ns)
-            same_band = DatapathSpec(
-                "veth-a",
-                rate,
-                tuple(JobShaping(job, 1, frozenset({port})) for job, port in JOBS.items()),
-            )
-            datapath.apply(same_band)
-            fifo = _run_phase(pair, args.phase_seconds)
-            console.print(_table("Without TensorLights: both jobs share the link", fifo, None))
-
-            order = list(JOBS)
-            green_log: list[str] = []
-            stop = threading.Event()
-
-            def rotate() -> None:
-                index = 0
-                while not stop.is_set():
-                    green = order[index % len(order)]
-                    datapath.rotate(
-                        DatapathSpec(
-                            "veth-a",
-                            rate,
-                            tuple(
-                                JobShaping(job, 0 if job == green else 1, frozenset({port}))
-                                for job, port in JOBS.items()
-                            ),
-                        )
-                    )
-                    green_log.extend([green] * max(1, round(rotate_every)))
-                    index += 1
-                    stop.wait(rotate_every)
-
-            rotator = threading.Thread(target=rotate, daemon=True)
-            rotator.start()
-            lights = _run_phase(pair, args.phase_seconds)
-            stop.set()
-            rotator.join()
-            console.print(
-                _table(
-                    f"With TensorLights: green light rotates every {args.rotate_every}",
-                    lights,
-                    green_log,
-                )
-            )
-            console.print(datapath.cleanup("veth-a"))
+            lights = _run_jobs(pair, args, console, workdir / "agent.sock")
+            time.sleep(1.0)  # the final pushes close once the connections are gone
+            measured = _agent_spreads(workdir / "agent.sock")
         finally:
-            server.kill()
-            server.wait()
+            agent.terminate()
+            agent.wait(20)
+
+    table = Table(
+        title="Job completion time (JCT) and median straggler spread (workers' logs; agent)"
+    )
+    columns = ("job", "FIFO JCT s", "TL JCT s", "FIFO spread ms", "TL spread ms")
+    for column in (*columns, "TL spread ms (agent)"):
+        table.add_column(column, justify="right")
+    for tag in JOBS:
+        table.add_row(
+            tag,
+            f"{fifo[tag]['jct']:.1f}",
+            f"{lights[tag]['jct']:.1f}",
+            f"{fifo[tag]['spread'] * 1e3:.0f}",
+            f"{lights[tag]['spread'] * 1e3:.0f}",
+            f"{measured[tag] * 1e3:.0f}" if tag in measured else "-",
+        )
+    avg_fifo = statistics.mean(r["jct"] for r in fifo.values())
+    avg_lights = statistics.mean(r["jct"] for r in lights.values())
+    table.add_row(
+        "average",
+        f"{avg_fifo:.1f}",
+        f"{avg_lights:.1f}",
+        f"{statistics.mean(r['spread'] for r in fifo.values()) * 1e3:.0f}",
+        f"{statistics.mean(r['spread'] for r in lights.values()) * 1e3:.0f}",
+        "",
+    )
+    console.print()
+    console.print(table)
+    change = (avg_lights - avg_fifo) / avg_fifo
+    console.print(f"average JCT with TensorLights: {change:+.0%} vs FIFO")
+    console.print("namespaces and processes removed")
     return 0
 
 
