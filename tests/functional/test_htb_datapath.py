@@ -308,3 +308,35 @@ def test_prio_backend_names_the_missing_kernel_option(tmp_path: Path) -> None:
     (fake_root / "proc/config.gz").write_bytes(gzip.compress(b"CONFIG_NET_SCH_HTB=y\n"))
     with pytest.raises(UnsupportedKernelError, match="CONFIG_NET_SCH_PRIO"):
         open_datapath("prio", tmp_path / "state", kernel_root=fake_root)
+
+
+def test_job_churn_leaves_no_tc_objects_behind(pair: netns.HostPair, datapath: HtbDatapath) -> None:
+    """100 job starts and stops (jobs with ports of their own, some leaving while others
+    arrive): every job's table and links go with it, so the object count returns to the
+    baseline of the empty layout -- including the u32 tables the kernel reports busy for a
+    moment after their links are deleted."""
+    empty = DatapathSpec("veth-a", RATE, ())
+    datapath.apply(empty)
+    link = datapath.link("veth-a")
+    baseline = datapath.read_actual(link.ifindex)
+    present: list[int] = []
+    for step in range(100):
+        if len(present) >= 4 or (present and step % 3 == 0):
+            present.pop(0)  # the oldest job finishes
+        present.append(step)
+        spec = DatapathSpec(
+            "veth-a",
+            RATE,
+            tuple(
+                JobShaping(f"job-{n}", i, frozenset({6000 + n, 30000 + n}))
+                for i, n in enumerate(present)
+            ),
+        )
+        result = datapath.apply(spec)
+        assert set(result.job_table) == {f"job-{n}" for n in present}
+    datapath.apply(empty)
+    after = datapath.read_actual(link.ifindex)
+    assert after.tables.keys() == baseline.tables.keys()
+    assert after.links == baseline.links
+    assert after.classes.keys() == baseline.classes.keys()
+    assert datapath.apply(empty).ops == ()
