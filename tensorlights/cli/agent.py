@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import logging
+import statistics
 import sys
 import time
 from collections.abc import Callable
@@ -310,21 +311,33 @@ def status(socket_path: Path, as_json: bool) -> None:
             f"next: {rotations.get('next') or '-'} at {_clock_text(rotations.get('next_at'))}"
         )
     table = Table(title="jobs (band 0 = green)")
-    for column in ("band", "job", "PS pids", "ports"):
+    columns = ("band", "job", "PS pids", "ports", "spread p50 ms", "iteration p50 s")
+    for column in columns:
         table.add_column(column, overflow="fold")
     tasks = document.get("discovery", {}).get("tasks", [])
     ports = document.get("discovery", {}).get("job_ports", {})
+    telemetry = document.get("telemetry") or {}
     for job in document.get("order", []):
         pids = sorted(t["pid"] for t in tasks if t["job"] == job)
+        iterations = telemetry.get(job, [])
+        spread = _median([it["spread_s"] * 1e3 for it in iterations], "{:.0f}")
+        period = _median([it["period_s"] for it in iterations], "{:.2f}")
         table.add_row(
             str(document["bands"].get(job, "-")),
             job,
             " ".join(map(str, pids)),
             " ".join(map(str, ports.get(job, []))),
+            spread,
+            period,
         )
     console.print(table)
     if document.get("last_error"):
         console.print(f"[red]last error:[/red] {document['last_error']}")
+
+
+def _median(values: list[float], fmt: str) -> str:
+    """The median, formatted; "-" before the first measured iteration."""
+    return fmt.format(statistics.median(values)) if values else "-"
 
 
 def _clock_text(timestamp: float | None) -> str:

@@ -6,6 +6,7 @@ from __future__ import annotations
 import itertools
 import json
 import subprocess
+import sys
 import time
 from collections.abc import Iterator
 from pathlib import Path
@@ -74,6 +75,11 @@ def test_agent_finds_tf_jobs_shapes_the_link_and_rotates_the_light(
     document = agent.wait_status(two_jobs_known)
     assert all(job.startswith("tf/") for job in document["bands"])
     assert {t["source"] for t in document["discovery"]["tasks"]} == {"tf_config"}
+    cli = [sys.executable, "-m", "tensorlights.cli.agent", "status", "--socket", str(agent.socket)]
+    shown = subprocess.run(cli, capture_output=True, text=True, check=True, env=clean_env())
+    assert "green:" in shown.stdout and all(job in shown.stdout for job in document["bands"])
+    as_json = subprocess.run([*cli, "--json"], capture_output=True, text=True, check=True)
+    assert set(json.loads(as_json.stdout)["bands"]) == set(document["bands"])
 
     interval, seconds = 0.5, 10.0
     targets = [f"{pair.a.ipv4}:{port}" for port in PORTS.values()]
