@@ -63,10 +63,7 @@ def run_policy(policy: str, args: argparse.Namespace) -> list[tuple[str, Agreeme
             f'[telemetry]\nsample_interval = "{args.sample_interval}"\n'
         )
         if policy == "fifo":  # nothing shapes the link otherwise: a plain 200 Mbit bottleneck
-            netns.run(
-                ["tc", "-n", pair.a.ns, "qdisc", "replace", "dev", "veth-a", "root", "tbf",
-                 "rate", "200mbit", "burst", "256kb", "latency", "50ms"]
-            )  # fmt: skip
+            netns.fifo_bottleneck(pair.a.ns, "veth-a", "200mbit")
         agent = subprocess.Popen(pair.a.exec_args(*command), env=clean_env())
         jobs: dict[str, RunningJob] = {}
         try:

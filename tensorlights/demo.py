@@ -152,10 +152,7 @@ def main(argv: list[str] | None = None) -> int:
     with netns.host_pair() as pair, tempfile.TemporaryDirectory() as tmp:
         workdir = Path(tmp)
         console.print("\n[bold]1. FIFO[/bold] (no TensorLights: the link interleaves every push)")
-        netns.run(
-            ["tc", "-n", pair.a.ns, "qdisc", "replace", "dev", "veth-a", "root", "tbf", "rate",
-             args.rate, "burst", "256kb", "latency", "50ms"]
-        )  # fmt: skip
+        netns.fifo_bottleneck(pair.a.ns, "veth-a", args.rate)
         fifo = _run_jobs(pair, args, console, None)
         netns.run(["tc", "-n", pair.a.ns, "qdisc", "del", "dev", "veth-a", "root"])
 

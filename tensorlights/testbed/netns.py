@@ -53,7 +53,7 @@ def new_run_id() -> str:
     return secrets.token_hex(3)
 
 
-def _disable_offloads(ns: str, ifname: str) -> None:
+def disable_offloads(ns: str, ifname: str) -> None:
     # Packet-accurate shaping: without this, veth hands HTB 64 KB GSO super-packets.
     run(in_ns(ns, "ethtool", "-K", ifname, "tso", "off", "gso", "off", "gro", "off"), check=False)
 
@@ -116,7 +116,7 @@ def link_pair(pair: HostPair, offloads_off: bool = True, congctl: str = "cubic")
         )
         run(in_ns(host.ns, "ip", "link", "set", host.ifname, "up"))
         if offloads_off:
-            _disable_offloads(host.ns, host.ifname)
+            disable_offloads(host.ns, host.ifname)
         # net.ipv4.tcp_congestion_control cannot be set per netns here: set it per route.
         run(
             in_ns(
@@ -145,6 +145,14 @@ def link_pair(pair: HostPair, offloads_off: bool = True, congctl: str = "cubic")
                 congctl,
             )
         )
+
+
+def fifo_bottleneck(ns: str, ifname: str, rate: str) -> None:
+    """Make `ifname`'s egress a plain FIFO link of `rate` (tbf): the no-TensorLights baseline."""
+    run(
+        ["tc", "-n", ns, "qdisc", "replace", "dev", ifname, "root", "tbf", "rate", rate,
+         "burst", "256kb", "latency", "50ms"]
+    )  # fmt: skip
 
 
 def destroy(namespaces: Sequence[str]) -> None:

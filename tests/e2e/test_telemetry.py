@@ -31,10 +31,7 @@ def test_measured_spread_and_period_match_the_workers_own_log(
     pair: netns.HostPair, tmp_path: Path, agents: list[AgentProcess], policy: str
 ) -> None:
     if policy == "fifo":  # the agent shapes nothing: a plain 200 Mbit bottleneck instead
-        netns.run(
-            ["tc", "-n", pair.a.ns, "qdisc", "replace", "dev", "veth-a", "root", "tbf",
-             "rate", "200mbit", "burst", "256kb", "latency", "50ms"]
-        )  # fmt: skip
+        netns.fifo_bottleneck(pair.a.ns, "veth-a", "200mbit")
     agent = AgentProcess(pair, tmp_path, "--policy", policy, "--interval", "1s")
     agents.append(agent)
     agent.wait_status(lambda d: "telemetry" in d)
