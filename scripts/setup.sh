@@ -17,6 +17,21 @@ if ((${#missing[@]})); then
   apt-get install -y -q --no-install-recommends "${missing[@]}"
 fi
 
+if [[ $extra == test ]]; then
+  # The tests start a real Slurm (munged, slurmctld, slurmd) as plain processes.
+  test_packages=(slurmctld slurmd munge slurm-client)
+  missing=()
+  for pkg in "${test_packages[@]}"; do
+    dpkg -s "$pkg" >/dev/null 2>&1 || missing+=("$pkg")
+  done
+  if ((${#missing[@]})); then
+    echo "installing for the tests: ${missing[*]}"
+    export DEBIAN_FRONTEND=noninteractive
+    apt-get update -q
+    apt-get install -y -q --no-install-recommends "${missing[@]}"
+  fi
+fi
+
 if [[ ! -x .venv/bin/python ]]; then
   python3 -m venv .venv
 fi

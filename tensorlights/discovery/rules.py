@@ -249,7 +249,9 @@ def _slurm_job(env: Mapping[str, str], cgroup: str) -> str | None:
 
 def _slurm_role(env: Mapping[str, str], rules: DiscoveryRules, problems: list[str]) -> str:
     procid = env.get("SLURM_PROCID", "").strip()
-    if not rules.slurm_ps_procids:
+    # Only a task of a job step (srun) has SLURM_STEP_ID; the batch script and srun itself
+    # carry the job's variables, SLURM_PROCID=0 included, but are not tasks.
+    if not rules.slurm_ps_procids or not env.get("SLURM_STEP_ID", "").strip().isdigit():
         return TASK
     if not procid.isdigit():
         problems.append("slurm_ps_procids is configured but the task has no SLURM_PROCID")

@@ -137,9 +137,12 @@ def test_torch_rank_rule_and_slurm_procid_rule() -> None:
     assert verdict({**torch, "RANK": "2"}, rules).identity.role == "worker"  # type: ignore[union-attr]
     bad = verdict({**torch, "RANK": "x", "TORCHELASTIC_RUN_ID": "r"}, rules)
     assert bad.identity is None and "RANK" in (bad.problem or "")
-    slurm = {"SLURM_JOB_ID": "9"}
+    slurm = {"SLURM_JOB_ID": "9", "SLURM_STEP_ID": "0"}
     assert verdict({**slurm, "SLURM_PROCID": "1"}, rules).identity.role == "ps"  # type: ignore[union-attr]
     assert verdict({**slurm, "SLURM_PROCID": "2"}, rules).identity.role == "task"  # type: ignore[union-attr]
+    # The batch script and srun carry SLURM_PROCID=0 too, but no step id: not tasks.
+    batch = {"SLURM_JOB_ID": "9", "SLURM_PROCID": "0"}
+    assert verdict(batch, rules).identity.role == "task"  # type: ignore[union-attr]
 
 
 @pytest.mark.parametrize(

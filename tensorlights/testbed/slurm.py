@@ -1,0 +1,195 @@
+"""A real Slurm cluster as plain processes (no systemd): munged, slurmctld and one slurmd per
+emulated node (Debian's Slurm runs several slurmd on one machine with `-N NAME` and a port
+each), all configured in a private temporary directory, on free localhost ports.
+
+    with slurm_cluster(["n1", "n2"]) as slurm:
+        slurm.command("sbatch", "-N2", "-n4", "--wrap", "srun sleep 30")
+        slurm.command("squeue", "--json")
+
+Teardown cancels every job, waits for their steps to end, stops the daemons, and kills any
+step still running from the private directory. Needs root and the slurmctld, slurmd, munge
+and slurm-client packages (scripts/setup.sh test installs them).
+"""
+
+from __future__ import annotations
+
+import contextlib
+import os
+import shutil
+import signal
+import socket
+import subprocess
+import tempfile
+import time
+from collections.abc import Iterator, Sequence
+from dataclasses import dataclass, field
+from pathlib import Path
+
+DAEMONS = ("munged", "slurmctld", "slurmd")
+
+
+def _free_port() -> int:
+    with socket.socket() as probe:
+        probe.bind(("127.0.0.1", 0))
+        return int(probe.getsockname()[1])
+
+
+@dataclass
+class SlurmCluster:
+    root: Path
+    nodes: tuple[str, ...]
+    processes: list[subprocess.Popen[bytes]] = field(default_factory=list)
+
+    @property
+    def conf(self) -> Path:
+        return self.root / "slurm.conf"
+
+    @property
+    def env(self) -> dict[str, str]:
+        return {**os.environ, "SLURM_CONF": str(self.conf)}
+
+    def command(self, *args: str, check: bool = True) -> subprocess.CompletedProcess[str]:
+        result = subprocess.run(list(args), capture_output=True, text=True, env=self.env)
+        if check and result.returncode != 0:
+            raise RuntimeError(f"{' '.join(args)} failed: {result.stderr.strip()}")
+        return result
+
+
+def _config(root: Path, nodes: Sequence[str], ctld_port: int, node_ports: list[int]) -> str:
+    lines = [
+        f"ClusterName=tl{os.getpid()}",
+        "SlurmctldHost=localhost(127.0.0.1)",
+        f"SlurmctldPort={ctld_port}",
+        "SlurmUser=root",
+        "SlurmdUser=root",
+        "AuthType=auth/munge",
+        f"AuthInfo=socket={root}/munge.sock",
+        "CredType=cred/munge",
+        f"StateSaveLocation={root}/state",
+        f"SlurmdSpoolDir={root}/spool/%n",
+        f"SlurmctldPidFile={root}/slurmctld.pid",
+        f"SlurmdPidFile={root}/slurmd.%n.pid",
+        f"SlurmctldLogFile={root}/log/slurmctld.log",
+        f"SlurmdLogFile={root}/log/slurmd.%n.log",
+        "ProctrackType=proctrack/linuxproc",
+        "TaskPlugin=task/none",
+        "ReturnToService=2",
+        "SchedulerType=sched/backfill",
+        "SelectType=select/cons_tres",
+        "SelectTypeParameters=CR_Core",
+        "MpiDefault=none",
+        "JobAcctGatherType=jobacct_gather/none",
+        "AccountingStorageType=accounting_storage/none",
+    ]
+    for name, port in zip(nodes, node_ports, strict=True):
+        lines.append(
+            f"NodeName={name} NodeHostname=localhost NodeAddr=127.0.0.1 Port={port} "
+            "CPUs=2 State=UNKNOWN"
+        )
+    lines.append(
+        f"PartitionName=debug Nodes={','.join(nodes)} Default=YES MaxTime=INFINITE State=UP"
+    )
+    return "\n".join(lines) + "\n"
+
+
+def start_slurm(nodes: Sequence[str], ready_timeout_s: float = 30) -> SlurmCluster:
+    missing = [name for name in DAEMONS if shutil.which(name) is None]
+    if missing:
+        raise RuntimeError(f"Slurm is not installed (missing {missing}): scripts/setup.sh test")
+    root = Path(tempfile.mkdtemp(prefix="tl-slurm-"))
+    os.chmod(root, 0o700)  # munged refuses keys and sockets others could reach
+    cluster = SlurmCluster(root, tuple(nodes))
+    try:
+        for sub in ("state", "spool", "log"):
+            (root / sub).mkdir()
+        key = root / "munge.key"
+        key.write_bytes(os.urandom(1024))
+        key.chmod(0o600)
+        cluster.conf.write_text(_config(root, nodes, _free_port(), [_free_port() for _ in nodes]))
+        munged = [
+            "munged", "--foreground", f"--socket={root}/munge.sock", f"--key-file={key}",
+            f"--pid-file={root}/munged.pid", f"--log-file={root}/log/munged.log",
+            f"--seed-file={root}/munge.seed", "--force",
+        ]  # fmt: skip
+        _spawn(cluster, munged)
+        _wait(lambda: (root / "munge.sock").exists(), ready_timeout_s, "munged")
+        _spawn(cluster, ["slurmctld", "-D", "-f", str(cluster.conf)])
+        for name in nodes:
+            _spawn(cluster, ["slurmd", "-D", "-f", str(cluster.conf), "-N", name])
+
+        def all_idle() -> bool:
+            listing = cluster.command("sinfo", "-h", "-N", "-o", "%N %t", check=False).stdout
+            out = listing.split()
+            return out.count("idle") == len(nodes)
+
+        _wait(all_idle, ready_timeout_s, "slurm nodes to become idle")
+    except BaseException:
+        stop_slurm(cluster)
+        raise
+    return cluster
+
+
+def _spawn(cluster: SlurmCluster, args: list[str]) -> None:
+    log = open(cluster.root / "log" / f"{args[0]}.{len(cluster.processes)}.out", "wb")  # noqa: SIM115
+    with log:
+        cluster.processes.append(
+            subprocess.Popen(args, stdout=log, stderr=subprocess.STDOUT, env=cluster.env,
+                             start_new_session=True)
+        )  # fmt: skip
+
+
+def _wait(done: object, timeout_s: float, what: str) -> None:
+    assert callable(done)
+    end = time.monotonic() + timeout_s
+    while time.monotonic() < end:
+        if done():
+            return
+        time.sleep(0.1)
+    raise RuntimeError(f"timed out waiting for {what}")
+
+
+def stop_slurm(cluster: SlurmCluster) -> None:
+    if cluster.conf.exists():
+        cluster.command("scancel", "--full", "--quiet", "--user", "root", check=False)
+        with contextlib.suppress(RuntimeError):
+            _wait(
+                lambda: not cluster.command("squeue", "-h", check=False).stdout.strip(),
+                15,
+                "jobs to end",
+            )
+    for proc in reversed(cluster.processes):  # slurmd first, munged last
+        if proc.poll() is None:
+            proc.terminate()
+            try:
+                proc.wait(timeout=10)
+            except subprocess.TimeoutExpired:
+                proc.kill()
+                proc.wait()
+    _kill_leftover_steps(cluster.root)
+    shutil.rmtree(cluster.root, ignore_errors=True)
+
+
+def _kill_leftover_steps(root: Path) -> None:
+    """slurmstepd daemonizes itself; a step still running works inside our private dir."""
+    prefix = str(root)
+    for entry in os.listdir("/proc"):
+        if not entry.isdigit():
+            continue
+        try:
+            cwd = os.readlink(f"/proc/{entry}/cwd")
+            with open(f"/proc/{entry}/cmdline", "rb") as handle:
+                cmdline = handle.read().decode(errors="replace")
+        except OSError:
+            continue
+        if cwd.startswith(prefix) or prefix in cmdline:
+            with contextlib.suppress(OSError):
+                os.kill(int(entry), signal.SIGKILL)
+
+
+@contextlib.contextmanager
+def slurm_cluster(nodes: Sequence[str]) -> Iterator[SlurmCluster]:
+    cluster = start_slurm(nodes)
+    try:
+        yield cluster
+    finally:
+        stop_slurm(cluster)
