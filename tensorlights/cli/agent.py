@@ -31,7 +31,6 @@ from tensorlights.agent.sdnotify import Notifier
 from tensorlights.cli.common import echo_json, reports_errors
 from tensorlights.datapath import BACKENDS, open_datapath
 from tensorlights.datapath.tc_messages import format_handle, handle
-from tensorlights.errors import ConfigError, TensorLightsError
 from tensorlights.policy.bands import PolicyName
 from tensorlights.policy.tc_plan import FIRST_BAND_MINOR, UNMANAGED_MINOR
 
@@ -217,19 +216,9 @@ def run(config_path: Path | None, log_level: str, **flags: Any) -> None:
     logging.basicConfig(
         level=log_level.upper(), format="%(levelname)s %(name)s: %(message)s", stream=sys.stderr
     )
-    try:
-        app = AgentApp(
-            _loader(config_path, flags), CollectorRegistry(), Notifier.from_environment()
-        )
-        app.install_signal_handlers()
-        code = app.run()
-    except ConfigError as exc:
-        click.echo(f"error: {exc}", err=True)
-        sys.exit(2)
-    except TensorLightsError as exc:
-        click.echo(f"error: {exc}", err=True)
-        sys.exit(1)
-    sys.exit(code)
+    app = AgentApp(_loader(config_path, flags), CollectorRegistry(), Notifier.from_environment())
+    app.install_signal_handlers()
+    sys.exit(app.run())
 
 
 @main.command()
