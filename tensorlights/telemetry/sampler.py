@@ -59,11 +59,12 @@ class TelemetrySampler:
         for task in snapshot.tasks:
             if not task.in_agent_netns:
                 continue  # its connections live in another namespace's tables
+            # A job stays present while its PS runs, even between connections (a PS closes
+            # them before it exits): its counters must not vanish before it does.
+            by_job.setdefault(task.job, [])
             for conn in task.connections:
                 if conn.kernel_id:
-                    by_job.setdefault(task.job, []).append(
-                        (conn.kernel_id.hex(), (conn.family, conn.kernel_id))
-                    )
+                    by_job[task.job].append((conn.kernel_id.hex(), (conn.family, conn.kernel_id)))
         present = {job: {key for key, _ in conns} for job, conns in by_job.items()}
         self._targets = (by_job, present)
 
@@ -91,6 +92,8 @@ class TelemetrySampler:
         ids: list[tuple[int, bytes]] = []
         busy = self.tracker.busy_jobs()
         for job, conns in by_job.items():
+            if not conns:
+                continue
             if self._round % FULL_ROUND_EVERY == 0 or job in busy or job not in self._known_jobs:
                 chosen = conns
             else:
