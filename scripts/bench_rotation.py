@@ -99,85 +99,23 @@ def ours(dp: HtbDatapath, ns: str, jobs: int, rounds: int, all_move: bool) -> di
 def original_commands(jobs: int, green: int) -> list[list[str]]:
     """The prototype's rebuild: root qdisc, root class, one class per job, default class, and
     one u32 filter per port (7 priority levels, jobs beyond them share the last)."""
+    dev = "dev veth-a"
     cmds = [
-        ["qdisc", "del", "dev", "veth-a", "root"],
-        ["qdisc", "add", "dev", "veth-a", "root", "handle", "1:", "htb", "default", "999"],
-        [
-            "class",
-            "add",
-            "dev",
-            "veth-a",
-            "parent",
-            "1:",
-            "classid",
-            "1:1",
-            "htb",
-            "rate",
-            "200mbit",
-            "ceil",
-            "200mbit",
-        ],
-        [
-            "class",
-            "add",
-            "dev",
-            "veth-a",
-            "parent",
-            "1:1",
-            "classid",
-            "1:999",
-            "htb",
-            "rate",
-            "10mbit",
-            "ceil",
-            "200mbit",
-            "prio",
-            "7",
-        ],
+        f"qdisc del {dev} root".split(),
+        f"qdisc add {dev} root handle 1: htb default 999".split(),
+        f"class add {dev} parent 1: classid 1:1 htb rate 200mbit ceil 200mbit".split(),
+        f"class add {dev} parent 1:1 classid 1:999 htb rate 10mbit ceil 200mbit prio 7".split(),
     ]
     for i in range(jobs):
         prio = min((i - green) % jobs, 6)
         cmds.append(
-            [
-                "class",
-                "add",
-                "dev",
-                "veth-a",
-                "parent",
-                "1:1",
-                "classid",
-                f"1:{10 + i}",
-                "htb",
-                "rate",
-                "1mbit",
-                "ceil",
-                "200mbit",
-                "prio",
-                str(prio),
-            ]
+            f"class add {dev} parent 1:1 classid 1:{10 + i} htb rate 1mbit ceil 200mbit "
+            f"prio {prio}".split()
         )
         for port in sorted(job_ports(i)):
             cmds.append(
-                [
-                    "filter",
-                    "add",
-                    "dev",
-                    "veth-a",
-                    "parent",
-                    "1:",
-                    "protocol",
-                    "ip",
-                    "prio",
-                    "1",
-                    "u32",
-                    "match",
-                    "ip",
-                    "sport",
-                    str(port),
-                    "0xffff",
-                    "flowid",
-                    f"1:{10 + i}",
-                ]
+                f"filter add {dev} parent 1: protocol ip prio 1 u32 match ip sport {port} "
+                f"0xffff flowid 1:{10 + i}".split()
             )
     return cmds
 

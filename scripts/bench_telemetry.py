@@ -23,7 +23,6 @@ from pathlib import Path
 from typing import Any
 
 from tensorlights.agent.status import read_status
-from tensorlights.discovery.rules import DiscoveryRules, ProcessFacts, identify
 from tensorlights.errors import TransientError
 from tensorlights.telemetry.accuracy import Agreement, compare
 from tensorlights.testbed import netns
@@ -31,16 +30,10 @@ from tensorlights.testbed.psjob import (
     RunningJob,
     collect_iterations,
     start_job,
+    tf_job_id,
     tf_launcher_env,
 )
 from tensorlights.testbed.socket_holder import clean_env
-
-
-def job_id(env: dict[str, str]) -> str:
-    facts = ProcessFacts(0, "python", "python", (), env, "")
-    identity = identify(facts, DiscoveryRules()).identity
-    assert identity is not None
-    return identity.job
 
 
 def status(sock: Path) -> dict[str, Any] | None:
@@ -71,9 +64,9 @@ def run_policy(policy: str, args: argparse.Namespace) -> list[tuple[str, Agreeme
             while status(sock) is None and time.monotonic() < end:
                 time.sleep(0.1)
             for tag in ("a", "b"):
-                env = tf_launcher_env(tag, 3)
-                jobs[job_id(env)] = start_job(
-                    pair.a.exec_args(), pair.b.exec_args(), pair.a.ipv4, clean_env(env),
+                jobs[tf_job_id(tag, 3)] = start_job(
+                    pair.a.exec_args(), pair.b.exec_args(), pair.a.ipv4,
+                    clean_env(tf_launcher_env(tag, 3)),
                     3, args.model_bytes, args.iterations, args.compute,
                 )  # fmt: skip
             truths, measured = collect_iterations(lambda: status(sock), jobs)

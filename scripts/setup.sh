@@ -5,31 +5,23 @@ set -euo pipefail
 cd "$(dirname "$0")/.."
 extra=${1:-}
 
-packages=(iproute2 nftables ethtool python3 python3-venv python3-pip)
-missing=()
-for pkg in "${packages[@]}"; do
-  dpkg -s "$pkg" >/dev/null 2>&1 || missing+=("$pkg")
-done
-if ((${#missing[@]})); then
-  echo "installing: ${missing[*]}"
-  export DEBIAN_FRONTEND=noninteractive
-  apt-get update -q
-  apt-get install -y -q --no-install-recommends "${missing[@]}"
-fi
-
-if [[ $extra == test ]]; then
-  # The tests start a real Slurm (munged, slurmctld, slurmd) as plain processes.
-  test_packages=(slurmctld slurmd munge slurm-client)
-  missing=()
-  for pkg in "${test_packages[@]}"; do
+install_missing() {  # apt-get install the given packages that are not installed yet
+  local missing=()
+  for pkg in "$@"; do
     dpkg -s "$pkg" >/dev/null 2>&1 || missing+=("$pkg")
   done
   if ((${#missing[@]})); then
-    echo "installing for the tests: ${missing[*]}"
+    echo "installing: ${missing[*]}"
     export DEBIAN_FRONTEND=noninteractive
     apt-get update -q
     apt-get install -y -q --no-install-recommends "${missing[@]}"
   fi
+}
+
+install_missing iproute2 nftables ethtool python3 python3-venv python3-pip
+if [[ $extra == test ]]; then
+  # The tests start a real Slurm (munged, slurmctld, slurmd) as plain processes.
+  install_missing slurmctld slurmd munge slurm-client
 fi
 
 if [[ ! -x .venv/bin/python ]]; then

@@ -20,7 +20,6 @@ import sys
 import tempfile
 import time
 from pathlib import Path
-from typing import Any
 
 from rich.console import Console
 from rich.table import Table
@@ -28,7 +27,7 @@ from rich.table import Table
 from tensorlights.agent.status import read_status
 from tensorlights.errors import TransientError
 from tensorlights.testbed import netns
-from tensorlights.testbed.psjob import RunningJob, start_job, tf_launcher_env
+from tensorlights.testbed.psjob import RunningJob, start_job, tf_job_id, tf_launcher_env
 from tensorlights.testbed.socket_holder import clean_env
 
 JOBS = ("a", "b", "c")
@@ -72,24 +71,16 @@ def _show_green(sock: Path, console: Console, started: float, last: str | None) 
         return last
     green = document.get("rotations", {}).get("green")
     if green and green != last:
-        tags = _tag_of_jobs(document)
+        tags = _tag_of_jobs()
         console.print(
             f"  {time.monotonic() - started:5.1f} s  green light -> job {tags.get(green, green)}"
         )
     return green if green else last
 
 
-def _tag_of_jobs(document: dict[str, Any]) -> dict[str, str]:
+def _tag_of_jobs() -> dict[str, str]:
     """The agent names jobs by their TF_CONFIG (tf/<hash>); map them back to a, b, c."""
-    from tensorlights.discovery.rules import DiscoveryRules, ProcessFacts, identify
-
-    names = {}
-    for tag in JOBS:
-        facts = ProcessFacts(0, "", "", (), tf_launcher_env(tag, WORKERS), "")
-        identity = identify(facts, DiscoveryRules()).identity
-        if identity is not None:
-            names[identity.job] = tag
-    return names
+    return {tf_job_id(tag, WORKERS): tag for tag in JOBS}
 
 
 def _agent_spreads(sock: Path) -> dict[str, float]:
@@ -98,7 +89,7 @@ def _agent_spreads(sock: Path) -> dict[str, float]:
         document = read_status(sock)
     except (TransientError, OSError, json.JSONDecodeError):
         return {}
-    tags = _tag_of_jobs(document)
+    tags = _tag_of_jobs()
     return {
         tags[job]: statistics.median(item["spread_s"] for item in items)
         for job, items in (document.get("telemetry") or {}).items()

@@ -5,6 +5,7 @@ from __future__ import annotations
 import functools
 import math
 from dataclasses import dataclass, field
+from typing import NamedTuple
 
 from tensorlights.errors import ConfigError
 
@@ -169,3 +170,22 @@ class DiscoverySnapshot:
     def _job_ports(self) -> dict[str, frozenset[int]]:
         contested = self.contested_ports()
         return {job: frozenset(ports - contested) for job, ports in self._ports_by_job.items()}
+
+
+class TcpInfo(NamedTuple):
+    """The fields of the kernel's struct tcp_info that telemetry uses (a tuple: one is made
+    per connection per sampling round)."""
+
+    unacked: int
+    """Segments in flight, not yet acknowledged."""
+    last_data_sent_ms: int
+    last_ack_recv_ms: int
+    rtt_us: int
+    bytes_acked: int
+    segs_out: int
+    notsent_bytes: int
+    data_segs_out: int
+    """Segments carrying data sent, retransmissions included (packets, for counters)."""
+    delivery_rate: int
+    """Bytes per second, the kernel's most recent estimate."""
+    bytes_sent: int

@@ -13,9 +13,11 @@ import struct
 from collections.abc import Collection
 from dataclasses import dataclass, field
 from enum import IntEnum
-from typing import NamedTuple
 
+from tensorlights.model import TcpInfo
 from tensorlights.netlink_io import NETLINK_SOCK_DIAG, NLMSG_HDR, NetlinkSocket
+
+__all__ = ["SockDiag", "TcpInfo", "TcpSocket", "TcpState"]
 
 SOCK_DIAG_BY_FAMILY = 20
 
@@ -82,25 +84,6 @@ class TcpSocket:
     sockid: bytes = field(default=b"", repr=False, compare=False)
     """The kernel's inet_diag_sockid (ports, addresses, ifindex, cookie): names exactly this
     socket in a later per-socket query."""
-
-
-class TcpInfo(NamedTuple):
-    """The fields of the kernel's struct tcp_info that telemetry uses (a tuple: one is made
-    per connection per sampling round)."""
-
-    unacked: int
-    """Segments in flight, not yet acknowledged."""
-    last_data_sent_ms: int
-    last_ack_recv_ms: int
-    rtt_us: int
-    bytes_acked: int
-    segs_out: int
-    notsent_bytes: int
-    data_segs_out: int
-    """Segments carrying data sent, retransmissions included (packets, for counters)."""
-    delivery_rate: int
-    """Bytes per second, the kernel's most recent estimate."""
-    bytes_sent: int
 
 
 class SockDiag:

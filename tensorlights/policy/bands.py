@@ -69,9 +69,9 @@ class BandPolicy:
     name: PolicyName
     interval_s: float = 3.0
     ps_bands: int = NUM_BANDS - 1
-    _order: list[str] = field(default_factory=list)
-    _green: str | None = None
-    _green_since: float | None = None
+    _order: list[str] = field(default_factory=list, init=False)
+    _green: str | None = field(default=None, init=False)
+    _green_since: float | None = field(default=None, init=False)
 
     def __post_init__(self) -> None:
         if not self.interval_s > 0:

@@ -26,7 +26,7 @@ from __future__ import annotations
 from collections.abc import Iterable, Mapping
 from dataclasses import dataclass, field
 
-from tensorlights.discovery.sockdiag import TcpInfo
+from tensorlights.model import TcpInfo
 
 DEFAULT_MIN_PUSH_BYTES = 16 * 1024
 MAX_OPEN_ITERATION_S = 30.0
@@ -120,12 +120,8 @@ class StragglerTracker:
             completion = self._observe_connection(now, job, key, info)
             if completion is not None:
                 completions.setdefault(job, []).append(completion)
-        if len(self._connections) != sum(len(keys) for keys in present.values()) or any(
-            conn.job not in present for conn in self._connections.values()
-        ):
-            present_keys = set().union(*present.values()) if present else set()
-            for key in self._connections.keys() - present_keys:
-                del self._connections[key]
+        for key in self._connections.keys() - set().union(*present.values()):
+            del self._connections[key]
         closed: list[Iteration] = []
         for job in self._jobs.keys() - present.keys():
             state = self._jobs.pop(job)  # the job ended: its last iteration is complete

@@ -27,6 +27,7 @@ from collections.abc import Callable
 from dataclasses import dataclass
 from typing import Any
 
+from tensorlights.discovery.rules import DiscoveryRules, ProcessFacts, identify
 from tensorlights.telemetry.accuracy import Measured
 
 CHUNK = 256 * 1024
@@ -170,6 +171,14 @@ def tf_launcher_env(tag: str, workers: int) -> dict[str, str]:
     """The TF_CONFIG a launcher would give job `tag`'s PS."""
     cluster = {"ps": [f"ps-{tag}:1"], "worker": [f"w{i}-{tag}:1" for i in range(workers)]}
     return {"TF_CONFIG": json.dumps({"cluster": cluster, "task": {"type": "ps", "index": 0}})}
+
+
+def tf_job_id(tag: str, workers: int) -> str:
+    """The job id discovery gives job `tag`'s processes (from their TF_CONFIG)."""
+    facts = ProcessFacts(0, "python", "python", (), tf_launcher_env(tag, workers), "")
+    identity = identify(facts, DiscoveryRules()).identity
+    assert identity is not None
+    return identity.job
 
 
 def collect_iterations(

@@ -21,7 +21,7 @@ import socket
 import subprocess
 import tempfile
 import time
-from collections.abc import Iterator, Sequence
+from collections.abc import Callable, Iterator, Sequence
 from dataclasses import dataclass, field
 from pathlib import Path
 
@@ -138,8 +138,7 @@ def _spawn(cluster: SlurmCluster, args: list[str]) -> None:
         )  # fmt: skip
 
 
-def _wait(done: object, timeout_s: float, what: str) -> None:
-    assert callable(done)
+def _wait(done: Callable[[], bool], timeout_s: float, what: str) -> None:
     end = time.monotonic() + timeout_s
     while time.monotonic() < end:
         if done():

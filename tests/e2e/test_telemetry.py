@@ -6,10 +6,15 @@ from pathlib import Path
 
 import pytest
 
-from tensorlights.discovery.rules import DiscoveryRules, ProcessFacts, identify
 from tensorlights.telemetry.accuracy import compare
 from tensorlights.testbed import netns
-from tensorlights.testbed.psjob import RunningJob, collect_iterations, start_job, tf_launcher_env
+from tensorlights.testbed.psjob import (
+    RunningJob,
+    collect_iterations,
+    start_job,
+    tf_job_id,
+    tf_launcher_env,
+)
 from tensorlights.testbed.socket_holder import clean_env
 
 from .agentproc import AgentProcess, metric
@@ -18,12 +23,6 @@ pytestmark = pytest.mark.root
 
 ITERATIONS = 20
 WARM_UP = 2  # iterations the agent does not report: it met the job mid-push, then anchors
-
-
-def job_of(env: dict[str, str]) -> str:
-    identity = identify(ProcessFacts(0, "python", "python", (), env, ""), DiscoveryRules()).identity
-    assert identity is not None
-    return identity.job
 
 
 @pytest.mark.parametrize("policy", ["fifo", "rotate"])
@@ -38,9 +37,9 @@ def test_measured_spread_and_period_match_the_workers_own_log(
     jobs: dict[str, RunningJob] = {}
     try:
         for tag in ("a", "b"):
-            env = tf_launcher_env(tag, 3)
-            jobs[job_of(env)] = start_job(
-                pair.a.exec_args(), pair.b.exec_args(), pair.a.ipv4, clean_env(env),
+            jobs[tf_job_id(tag, 3)] = start_job(
+                pair.a.exec_args(), pair.b.exec_args(), pair.a.ipv4,
+                clean_env(tf_launcher_env(tag, 3)),
                 workers=3, model_bytes=3_000_000, iterations=ITERATIONS, compute_s=0.25,
             )  # fmt: skip
         code, text = 0, ""

@@ -38,6 +38,12 @@ def two_jobs(green: str, ports_a: set[int] | None = None) -> DatapathSpec:
     )
 
 
+def delete_filter_by_hand(ns: str, handle: str) -> None:
+    netns.run(
+        ["tc", "-n", ns, *f"filter del dev veth-a parent 7a1: prio 10 handle {handle} u32".split()]
+    )
+
+
 def test_apply_twice_changes_nothing_and_hand_deletions_are_repaired(
     pair: netns.HostPair, datapath: HtbDatapath
 ) -> None:
@@ -47,42 +53,8 @@ def test_apply_twice_changes_nothing_and_hand_deletions_are_repaired(
 
     ns = pair.a.ns
     table = first.job_table["job-b"]
-    netns.run(
-        [
-            "tc",
-            "-n",
-            ns,
-            "filter",
-            "del",
-            "dev",
-            "veth-a",
-            "parent",
-            "7a1:",
-            "prio",
-            "10",
-            "handle",
-            "800::1",
-            "u32",
-        ]
-    )
-    netns.run(
-        [
-            "tc",
-            "-n",
-            ns,
-            "filter",
-            "del",
-            "dev",
-            "veth-a",
-            "parent",
-            "7a1:",
-            "prio",
-            "10",
-            "handle",
-            f"{table:x}::1",
-            "u32",
-        ]
-    )
+    delete_filter_by_hand(ns, "800::1")
+    delete_filter_by_hand(ns, f"{table:x}::1")
     netns.run(["tc", "-n", ns, "class", "del", "dev", "veth-a", "classid", "7a1:2"])
     netns.run(
         [

@@ -9,7 +9,7 @@ import pytest
 from hypothesis import given, settings
 from hypothesis import strategies as st
 
-from tensorlights.discovery.sockdiag import TcpInfo
+from tensorlights.model import TcpInfo
 from tensorlights.telemetry.straggler import StragglerTracker
 
 MODEL = 1_000_000
