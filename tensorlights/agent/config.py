@@ -170,6 +170,11 @@ def build_config(file_values: Mapping[str, Any], overrides: Mapping[str, Any]) -
         raise ConfigError(str(exc)) from exc
 
 
+def discovery_rules(file_values: Mapping[str, Any]) -> DiscoveryRules:
+    """Only the [discovery] section of a config file (what `discover` needs)."""
+    return _discovery(file_values.get("discovery", {}))
+
+
 def with_link_rate(config: AgentConfig, sysfs: Path = Path("/sys/class/net")) -> AgentConfig:
     """The config with its link rate known: configured, else the link's speed from sysfs."""
     if config.link_rate_bps is not None:

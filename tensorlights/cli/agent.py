@@ -24,6 +24,7 @@ from tensorlights.agent.config import (
     DEFAULT_STATUS_SOCKET,
     AgentConfig,
     OnStop,
+    discovery_rules,
     read_config_file,
     with_link_rate,
 )
@@ -336,20 +337,27 @@ def _clock_text(timestamp: float | None) -> str:
 
 
 @main.command()
+@click.option(
+    "--config",
+    "config_path",
+    type=click.Path(path_type=Path),
+    default=None,
+    help=f"Take the [discovery] rules from this file [default: {DEFAULT_CONFIG}, if present].",
+)
 @click.option("--json", "as_json", is_flag=True, help="Machine-readable output.")
 @reports_errors
-def discover(as_json: bool) -> None:
+def discover(config_path: Path | None, as_json: bool) -> None:
     """Find the parameter-server processes on this host, their jobs and their TCP sockets.
 
     A PS is recognised from what its launcher put in its environment (TF_CONFIG task type ps,
     DMLC_ROLE=server, torchrun ROLE_NAME=ps, TENSORLIGHTS_JOB/TENSORLIGHTS_ROLE) or its Slurm
     job; its children belong to it. Run as root to see every user's processes.
     """
-    from tensorlights.discovery.rules import DiscoveryRules
     from tensorlights.discovery.scanner import Scanner
     from tensorlights.views import snapshot_view
 
-    with Scanner(DiscoveryRules()) as scanner:
+    file_values = read_config_file(config_path or DEFAULT_CONFIG, required=config_path is not None)
+    with Scanner(discovery_rules(file_values)) as scanner:
         view = snapshot_view(scanner.scan())
     if as_json:
         echo_json(view)

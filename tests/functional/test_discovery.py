@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import json
 import subprocess
 import sys
 import uuid
@@ -355,3 +356,23 @@ def test_slurm_job_from_the_cgroup_when_the_environment_lacks_it(slurm_cgroup: P
         snapshot = scan_until(scanner, has_ports(holder))
         task = task_of(snapshot, holder.pid)
         assert task is not None and task.job == "slurm/9137"
+
+
+def test_discover_command_uses_the_config_files_rules(tmp_path: Path) -> None:
+    config = tmp_path / "agent.toml"
+    config.write_text(
+        '[[discovery.rule]]\nname = "mine"\nrole = "ps"\njob = "from-rule"\n'
+        'env = { MARK = "yes" }\n'
+    )
+    with holders() as start:
+        holder = start({"MARK": "yes"})
+        command = [sys.executable, "-m", "tensorlights.cli.agent", "discover", "--json"]
+        out = subprocess.run(
+            [*command, "--config", str(config)], capture_output=True, text=True, check=True
+        ).stdout
+        tasks = [t for t in json.loads(out)["tasks"] if t["pid"] == holder.pid]
+        assert [t["job"] for t in tasks] == ["from-rule"]
+        missing = subprocess.run(
+            [*command, "--config", str(tmp_path / "absent.toml")], capture_output=True, text=True
+        )
+        assert missing.returncode == 2 and "does not exist" in missing.stderr
