@@ -189,3 +189,60 @@ class TcpInfo(NamedTuple):
     delivery_rate: int
     """Bytes per second, the kernel's most recent estimate."""
     bytes_sent: int
+
+
+# Agent <-> controller ------------------------------------------------------------------------
+
+
+@dataclass(frozen=True)
+class ReportedJob:
+    """One PS job as an agent reports it to the controller."""
+
+    job: str
+    ports: frozenset[int]
+    processes: int
+    connections: int
+    spread_s: float | None = None
+    period_s: float | None = None
+
+
+@dataclass(frozen=True)
+class AppliedRotation:
+    """A green-light change an agent applied: who, when (Unix seconds), under which plan."""
+
+    green: str
+    applied_at: float
+    generation: int
+
+
+@dataclass(frozen=True)
+class Registration:
+    host: str
+    incarnation: int
+    agent_version: str
+    interfaces: tuple[tuple[str, int], ...]
+    """(name, link rate in bit/s)."""
+    fallback_policy: str
+
+
+@dataclass(frozen=True)
+class HostReport:
+    session: str
+    seq: int
+    jobs: tuple[ReportedJob, ...]
+    rotations: tuple[AppliedRotation, ...]
+    mode: str
+    """"plan" or "local"."""
+    health: str
+
+
+@dataclass(frozen=True)
+class PlanSlots:
+    """A host's plan as the controller sends it (times in Unix seconds)."""
+
+    incarnation: int
+    generation: int
+    lease_s: float
+    epoch: float
+    slot_s: float
+    slots: tuple[tuple[str, ...], ...]

@@ -15,8 +15,11 @@ Lifecycle:
 
 from __future__ import annotations
 
+import dataclasses
 import logging
+import queue
 import signal
+import statistics
 import threading
 import time
 from collections.abc import Callable, Mapping
@@ -36,7 +39,7 @@ from tensorlights.agent.config import (
 from tensorlights.agent.health import Health
 from tensorlights.agent.http import MetricsServer
 from tensorlights.agent.metrics import AgentMetrics, KernelCounters
-from tensorlights.agent.reconcile import PassResult, Reconciler
+from tensorlights.agent.reconcile import PassResult, Reconciler, shaped_jobs
 from tensorlights.agent.sdnotify import Notifier
 from tensorlights.agent.status import StatusBoard, StatusServer
 from tensorlights.datapath import open_datapath
@@ -51,6 +54,15 @@ from tensorlights.errors import (
     TransientError,
     UnsupportedKernelError,
 )
+from tensorlights.model import (
+    AppliedRotation,
+    DiscoverySnapshot,
+    PlanSlots,
+    Registration,
+    ReportedJob,
+)
+from tensorlights.policy.schedule import HostSchedule
+from tensorlights.rpc.agent_client import ControllerLink
 from tensorlights.telemetry.sampler import TelemetrySampler
 from tensorlights.views import snapshot_view
 
@@ -86,6 +98,9 @@ class AgentApp:
         self._last_error = ""
         self._history: list[dict[str, Any]] = []
         self._sampler: TelemetrySampler | None = None
+        self._link: ControllerLink | None = None
+        self._plans: queue.SimpleQueue[HostSchedule] = queue.SimpleQueue()
+        self._incarnation = time.time_ns()
 
     # Signals ---------------------------------------------------------------------------
 
@@ -131,6 +146,9 @@ class AgentApp:
         if sampler is not None:
             sampler.start()
         self.metrics.controller_connected.set(0)
+        self._link = self._make_link(config)
+        if self._link is not None:
+            self._link.start()
         log.info(
             "tensorlights-agent %s on %s: policy %s, interval %.3gs, metrics on %s:%d",
             __version__,
@@ -172,6 +190,43 @@ class AgentApp:
             self._clock,
         )
 
+    def _make_link(self, config: AgentConfig) -> ControllerLink | None:
+        if config.standalone:
+            return None
+        assert config.controller is not None and config.controller_tls is not None
+        link_rate = config.link_rate_bps or 0
+        registration = Registration(
+            host=config.host_name,
+            incarnation=self._incarnation,
+            agent_version=__version__,
+            interfaces=((config.interface, link_rate),),
+            fallback_policy=config.policy.value,
+        )
+        return ControllerLink(
+            config.controller,
+            config.controller_tls,
+            config.controller_server_name,
+            registration,
+            self._plan_received,
+            lambda state: self.metrics.controller_connected.set(state.state == "connected"),
+        )
+
+    def _plan_received(self, plan: PlanSlots) -> None:
+        """On the link's thread: times moved to our monotonic clock as the plan arrives."""
+        now = self._clock()
+        offset = self._wall() - now
+        self._plans.put(
+            HostSchedule(
+                incarnation=plan.incarnation,
+                generation=plan.generation,
+                epoch=plan.epoch - offset,
+                slot_s=plan.slot_s,
+                slots=plan.slots,
+                lease_until=now + plan.lease_s,
+            )
+        )
+        self._wake.set()
+
     def _make_marker(self, config: AgentConfig) -> DscpMarker | None:
         """DSCP marking as configured; off with a loud warning only if the config says so."""
         self.metrics.dscp_enabled.set(0)
@@ -191,6 +246,9 @@ class AgentApp:
     def _one_pass(self, reconciler: Reconciler) -> float:
         """Run a pass; how long to wait before the next."""
         config = self.config
+        while not self._plans.empty():
+            if not reconciler.policy.offer(self._plans.get_nowait()):
+                log.warning("ignored a plan older than the one followed (a replay)")
         try:
             with self.metrics.reconcile_duration.time():
                 result = reconciler.run_pass()
@@ -216,6 +274,8 @@ class AgentApp:
             log.warning("reconcile failed (will retry): %s", message)
         self._last_error = message
         self.health.failure(message)
+        if self._link is not None:
+            self._link.update((), "local", message)
         reconciler.force_resync()
         self._backoff_s = min(BACKOFF_MAX_S, max(BACKOFF_FIRST_S, self._backoff_s * 2))
         self._publish()
@@ -242,9 +302,15 @@ class AgentApp:
             since = result.plan.green_since
             if since is not None:
                 since += self._wall() - self._clock()
-            self._history.append({"job": result.plan.green, "since": since})
+            applied = self._wall()
+            generation = result.plan.generation
+            self._history.append(
+                {"job": result.plan.green, "since": since, "applied": applied, "plan": generation}
+            )
             del self._history[:-20]
             log.info("green light -> %s", result.plan.green)
+            if self._link is not None:
+                self._link.applied(AppliedRotation(result.plan.green, applied, generation))
         for problem in set(result.snapshot.problems) - set(
             previous.snapshot.problems if previous else ()
         ):
@@ -253,7 +319,33 @@ class AgentApp:
         if self._sampler is not None:
             self._sampler.set_snapshot(result.snapshot)
         self.metrics.forget_jobs_except(set(result.snapshot.jobs()))
+        if self._link is not None:
+            mode = "plan" if result.plan.generation else "local"
+            self._link.update(self._reported_jobs(result.snapshot), mode, "")
         self._publish()
+
+    def _reported_jobs(self, snapshot: DiscoverySnapshot) -> tuple[ReportedJob, ...]:
+        """The PS jobs this agent shapes (ports in its network namespace; a PS seen in another
+        namespace belongs to that namespace's host), with their telemetry."""
+        ports = snapshot.job_ports()
+        recent = self._sampler.recent() if self._sampler is not None else {}
+        jobs = []
+        for job in sorted(shaped_jobs(snapshot)):
+            tasks = [t for t in snapshot.tasks if t.job == job and t.in_agent_netns]
+            iterations = recent.get(job, [])
+            spreads = [it.spread for it in iterations]
+            periods = [it.period for it in iterations if it.period is not None]
+            jobs.append(
+                ReportedJob(
+                    job=job,
+                    ports=ports.get(job, frozenset()),
+                    processes=len(tasks),
+                    connections=sum(len(t.connections) for t in tasks),
+                    spread_s=statistics.median(spreads) if spreads else None,
+                    period_s=statistics.median(periods) if periods else None,
+                )
+            )
+        return tuple(jobs)
 
     def _reload_config(self, reconciler: Reconciler) -> None:
         try:
@@ -292,6 +384,8 @@ class AgentApp:
         except TensorLightsError as exc:
             log.error("could not restore %s: %s", self.config.interface, exc)
         finally:
+            if self._link is not None:
+                self._link.stop()
             if self._sampler is not None:
                 self._sampler.stop()
             status_server.close()
@@ -330,6 +424,12 @@ class AgentApp:
             "policy": config.policy.value,
             "interval_s": config.interval_s,
             "standalone": config.standalone,
+            "host": config.host_name,
+            "controller": (
+                None
+                if self._link is None
+                else {"address": config.controller, **dataclasses.asdict(self._link.state)}
+            ),
             "healthy": healthy,
             "health": health_reason,
             "last_error": last_error,
@@ -351,6 +451,8 @@ class AgentApp:
                     else {}
                 ),
                 order=list(plan.order),
+                mode="plan" if plan.generation else "local",
+                plan_generation=plan.generation,
                 discovery=snapshot_view(result.snapshot),
             )
         if self._sampler is not None:

@@ -7,19 +7,27 @@ not silently fall back to a default). See systemd/agent.toml for a commented exa
 from __future__ import annotations
 
 import math
-import tomllib
+import socket
 from collections.abc import Mapping
 from dataclasses import dataclass, field, replace
 from enum import StrEnum
 from pathlib import Path
 from typing import Any, TypeVar
 
+from tensorlights.configfile import choice as _choice
+from tensorlights.configfile import duration as _duration
+from tensorlights.configfile import flag as _flag
+from tensorlights.configfile import number as _number
+from tensorlights.configfile import parse_address
+from tensorlights.configfile import section as _section
+from tensorlights.configfile import text as _text
 from tensorlights.discovery.rules import DiscoveryRules, OperatorRule
 from tensorlights.errors import ConfigError, LinkRateUnknownError
 from tensorlights.model import DatapathSpec
 from tensorlights.policy.bands import PolicyName
 from tensorlights.policy.dscp_plan import DEFAULT_BAND_DSCP, validate_band_dscp
-from tensorlights.units import parse_duration, parse_rate
+from tensorlights.rpc.tls import TlsFiles
+from tensorlights.units import parse_rate
 
 E = TypeVar("E", bound=StrEnum)
 
@@ -53,6 +61,12 @@ class AgentConfig:
     interval_s: float = 3.0
     standalone: bool = True
     controller: str | None = None
+    """The controller's HOST:PORT (with standalone = false)."""
+    controller_tls: TlsFiles | None = None
+    controller_server_name: str | None = None
+    """The name the controller's certificate must carry (default: the address's host)."""
+    host_name: str = field(default_factory=socket.gethostname)
+    """The name this host registers as; its client certificate's common name."""
     metrics_address: tuple[str, int] = ("127.0.0.1", DEFAULT_METRICS_PORT)
     status_socket: Path = DEFAULT_STATUS_SOCKET
     state_dir: Path = DEFAULT_STATE_DIR
@@ -90,10 +104,18 @@ class AgentConfig:
         # The datapath's own checks (interface name, rates, shares), before anything runs.
         DatapathSpec(self.interface, self.link_rate_bps or 1, (), self.unmanaged_share)
         if not self.standalone:
-            raise ConfigError(
-                "this agent has no controller client yet (it comes with the controller); "
-                "run with --standalone / standalone = true"
-            )
+            if not self.controller:
+                raise ConfigError(
+                    "standalone = false needs the controller's address: [controller] address "
+                    "or --controller HOST:PORT"
+                )
+            parse_address(self.controller)
+            if self.controller_tls is None:
+                raise ConfigError(
+                    "[controller] needs ca, cert and key: the link to the controller is always "
+                    "mutual TLS (scripts/dev_ca.py makes a development CA)"
+                )
+            self.controller_tls.read("controller")
 
 
 _FILE_KEYS = {
@@ -116,25 +138,11 @@ _FILE_KEYS = {
     "dscp",
     "telemetry",
 }
+_CONTROLLER_KEYS = {"address", "ca", "cert", "key", "server_name", "host"}
 _TELEMETRY_KEYS = {"enabled", "sample_interval", "min_push_bytes"}
 _DSCP_KEYS = {"enabled", "bands", "on_unsupported"}
 _DISCOVERY_KEYS = {"torch_ps_roles", "torch_ps_ranks", "slurm_ps_procids", "rule"}
 _RULE_KEYS = {"name", "role", "job", "exe", "cmdline_regex", "env"}
-
-
-def read_config_file(path: Path, required: bool) -> dict[str, Any]:
-    """The file's table; {} when it is absent and was not asked for explicitly."""
-    try:
-        with open(path, "rb") as handle:
-            return tomllib.load(handle)
-    except FileNotFoundError:
-        if required:
-            raise ConfigError(f"config file {path} does not exist") from None
-        return {}
-    except tomllib.TOMLDecodeError as exc:
-        raise ConfigError(f"config file {path}: {exc}") from exc
-    except OSError as exc:
-        raise ConfigError(f"config file {path}: {exc.strerror}") from exc
 
 
 def build_config(file_values: Mapping[str, Any], overrides: Mapping[str, Any]) -> AgentConfig:
@@ -143,14 +151,17 @@ def build_config(file_values: Mapping[str, Any], overrides: Mapping[str, Any]) -
     unknown = set(values) - _FILE_KEYS
     if unknown:
         raise ConfigError(f"unknown config keys: {', '.join(sorted(unknown))}")
+    controller = _section(file_values.get("controller", {}), "controller", _CONTROLLER_KEYS)
+    if overrides.get("controller") is not None:  # --controller HOST:PORT
+        controller = {**controller, "address": overrides["controller"]}
     try:
         return AgentConfig(
             interface=_text(values, "interface", ""),
             link_rate_bps=parse_rate(_text(values, "link_rate")) if "link_rate" in values else None,
             policy=_choice(PolicyName, values.get("policy", "rotate"), "policy"),
             interval_s=_duration(values, "interval", 3.0),
-            standalone=_flag(values, "standalone", "controller" not in values),
-            controller=_text(values, "controller") if "controller" in values else None,
+            standalone=_flag(values, "standalone", "address" not in controller),
+            **_controller(controller),
             metrics_address=parse_address(
                 _text(values, "metrics_address", DEFAULT_METRICS_ADDRESS)
             ),
@@ -191,51 +202,6 @@ def with_link_rate(config: AgentConfig, sysfs: Path = Path("/sys/class/net")) ->
     return replace(config, link_rate_bps=mbit * 1_000_000)
 
 
-def parse_address(text: str) -> tuple[str, int]:
-    host, sep, port = text.rpartition(":")
-    if not sep or not port.isdigit() or not 0 < int(port) < 65536:
-        raise ConfigError(f"address {text!r} must be HOST:PORT")
-    return host.strip("[]") or "127.0.0.1", int(port)
-
-
-def _text(values: Mapping[str, Any], key: str, default: str | None = None) -> str:
-    value = values.get(key, default)
-    if not isinstance(value, str):
-        raise ConfigError(f"{key} must be a string, got {value!r}")
-    return value
-
-
-def _flag(values: Mapping[str, Any], key: str, default: bool) -> bool:
-    value = values.get(key, default)
-    if not isinstance(value, bool):
-        raise ConfigError(f"{key} must be true or false, got {value!r}")
-    return value
-
-
-def _number(values: Mapping[str, Any], key: str, default: float) -> float:
-    value = values.get(key, default)
-    if isinstance(value, bool) or not isinstance(value, int | float):
-        raise ConfigError(f"{key} must be a number, got {value!r}")
-    return float(value)
-
-
-def _duration(values: Mapping[str, Any], key: str, default: float) -> float:
-    value = values.get(key)
-    if value is None:
-        return default
-    if isinstance(value, bool) or not isinstance(value, str | int | float):
-        raise ConfigError(f"{key} must be a duration such as 3s or 500ms, got {value!r}")
-    return parse_duration(str(value)) if isinstance(value, str) else float(value)
-
-
-def _choice(kind: type[E], value: Any, key: str) -> E:
-    try:
-        return kind(value)
-    except ValueError:
-        allowed = ", ".join(member.value for member in kind)
-        raise ConfigError(f"{key} must be one of {allowed}, got {value!r}") from None
-
-
 def _int_set(values: Mapping[str, Any], key: str) -> frozenset[int] | None:
     if key not in values:
         return None
@@ -245,16 +211,6 @@ def _int_set(values: Mapping[str, Any], key: str) -> frozenset[int] | None:
     ):
         raise ConfigError(f"discovery.{key} must be a list of non-negative integers")
     return frozenset(items)
-
-
-def _section(table: Any, name: str, keys: set[str]) -> dict[str, Any]:
-    """A [name] table of the file, with only the keys it may have."""
-    if not isinstance(table, dict):
-        raise ConfigError(f"[{name}] must be a table")
-    unknown = set(table) - keys
-    if unknown:
-        raise ConfigError(f"unknown [{name}] keys: {', '.join(sorted(unknown))}")
-    return table
 
 
 def _discovery(table: Any) -> DiscoveryRules:
@@ -289,6 +245,24 @@ def _discovery(table: Any) -> DiscoveryRules:
             )
         )
     return replace(rules, operator_rules=tuple(operator_rules))
+
+
+def _controller(table: dict[str, Any]) -> dict[str, Any]:
+    tls_keys = {"ca", "cert", "key"} & set(table)
+    if tls_keys and tls_keys != {"ca", "cert", "key"}:
+        raise ConfigError("[controller] needs all of ca, cert and key, or none")
+    values: dict[str, Any] = {
+        "controller": _text(table, "address") if "address" in table else None,
+        "controller_tls": (
+            TlsFiles(*(Path(_text(table, key)) for key in ("ca", "cert", "key")))
+            if tls_keys
+            else None
+        ),
+        "controller_server_name": _text(table, "server_name") if "server_name" in table else None,
+    }
+    if "host" in table:
+        values["host_name"] = _text(table, "host")
+    return values
 
 
 def _dscp(table: Any) -> dict[str, Any]:

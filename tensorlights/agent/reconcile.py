@@ -19,6 +19,7 @@ from tensorlights.discovery.scanner import Scanner
 from tensorlights.model import DatapathSpec, DiscoverySnapshot, JobShaping
 from tensorlights.policy.bands import BandPlan, BandPolicy, PolicyName
 from tensorlights.policy.dscp_plan import desired_dscp
+from tensorlights.policy.schedule import PlanFollower
 
 
 @dataclass(frozen=True)
@@ -40,8 +41,8 @@ def desired_spec(
 ) -> DatapathSpec | None:
     """The datapath for this plan (pure); None when the policy programs nothing (fifo).
     With no jobs it is the qdisc alone, so that the last job's filters go when it does."""
-    if config.policy is PolicyName.FIFO:
-        return None
+    if config.policy is PolicyName.FIFO and plan.generation == 0:
+        return None  # fifo and no controller plan to follow
     ports = snapshot.job_ports()
     assert config.link_rate_bps is not None
     return DatapathSpec(
@@ -71,7 +72,8 @@ class Reconciler:
         self.datapath = datapath
         self.marker = marker
         """DSCP marks in nftables, updated in the same pass as the tc bands (None: off)."""
-        self.policy = BandPolicy(config.policy, config.interval_s)
+        self.policy = PlanFollower(BandPolicy(config.policy, config.interval_s))
+        """The controller's plan while its lease runs, else the configured local policy."""
         self._clock = clock
         self._written: DatapathSpec | None = None
         self._next_resync = float("-inf")
@@ -81,7 +83,7 @@ class Reconciler:
     def reconfigure(self, config: AgentConfig) -> None:
         """A reloaded config: keeps the arrival order when the policy stays the same."""
         if config.policy != self.config.policy or config.interval_s != self.config.interval_s:
-            self.policy = BandPolicy(config.policy, config.interval_s)
+            self.policy.local = BandPolicy(config.policy, config.interval_s)
         if config.discovery != self.config.discovery:
             self.scanner.set_rules(config.discovery)
         if config.interface != self.config.interface:
@@ -111,13 +113,14 @@ class Reconciler:
         spec = desired_spec(self.config, snapshot, plan)
         ops, full = 0, False
         if spec is None:
-            if self.config.policy is PolicyName.FIFO and not self._fifo_cleared:
+            if not self._fifo_cleared:
                 self.datapath.cleanup(self.config.interface)  # observe only: no shaping left
                 if self.marker is not None:
                     self.marker.cleanup()
                 self._fifo_cleared = True
             self._written = None
         else:
+            self._fifo_cleared = False
             full = now >= self._next_resync or self._written is None
             if full:
                 applied = self.datapath.apply(spec)

@@ -25,11 +25,11 @@ from tensorlights.agent.config import (
     AgentConfig,
     OnStop,
     discovery_rules,
-    read_config_file,
     with_link_rate,
 )
 from tensorlights.agent.sdnotify import Notifier
 from tensorlights.cli.common import echo_json, reports_errors
+from tensorlights.configfile import read_config_file
 from tensorlights.datapath import BACKENDS, open_datapath
 from tensorlights.datapath.tc_messages import format_handle, handle
 from tensorlights.policy.bands import PolicyName

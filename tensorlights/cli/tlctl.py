@@ -2,13 +2,241 @@
 
 from __future__ import annotations
 
+import contextlib
+import functools
+import json
+import time
+from collections.abc import Callable, Iterator
+from pathlib import Path
+from typing import Any, TypeVar
+
 import click
+from rich.console import Console, Group
+from rich.live import Live
+from rich.table import Table
 
 from tensorlights import __version__
+from tensorlights.cli.common import echo_json, reports_errors
+from tensorlights.controller.config import DEFAULT_SOCKET
+from tensorlights.rpc.operator_client import OperatorClient
+from tensorlights.rpc.tls import TlsFiles
+from tensorlights.units import parse_duration
+
+F = TypeVar("F", bound=Callable[..., Any])
 
 
-@click.group(context_settings={"help_option_names": ["-h", "--help"]})
+@click.group(
+    context_settings={"help_option_names": ["-h", "--help"], "auto_envvar_prefix": "TLCTL"}
+)
 @click.version_option(__version__, prog_name="tlctl")
-def main() -> None:
-    """Show TensorLights jobs, hosts and rotations. Needs the controller, which is not yet part
-    of this release; on one host use `tensorlights-agent show --interface DEV`."""
+@click.option(
+    "--socket",
+    "socket_path",
+    type=click.Path(path_type=Path, readable=False),  # tlctl explains a refused socket itself
+    default=DEFAULT_SOCKET,
+    show_default=True,
+    help="The controller's local socket (root, or its socket_group).",
+)
+@click.option("--controller", metavar="HOST:PORT", help="Reach the controller over mTLS instead.")
+@click.option("--ca", type=click.Path(path_type=Path), help="With --controller: CA bundle.")
+@click.option("--cert", type=click.Path(path_type=Path), help="With --controller: client cert.")
+@click.option("--key", type=click.Path(path_type=Path), help="With --controller: its key.")
+@click.option("--server-name", help="With --controller: name in the controller's certificate.")
+@click.option("--timeout", default="5s", show_default=True, help="Per-request deadline.")
+@click.pass_context
+def main(
+    ctx: click.Context,
+    socket_path: Path,
+    controller: str | None,
+    ca: Path | None,
+    cert: Path | None,
+    key: Path | None,
+    server_name: str | None,
+    timeout: str,
+) -> None:
+    """Show TensorLights jobs, hosts and rotations from the controller.
+
+    \b
+    tlctl jobs                 every job: where its PSes run, its share of green time
+    tlctl hosts                every agent: connected, following the plan or its own policy
+    tlctl rotations [HOST]     who is green now, since when, who is next and when, history
+    tlctl watch                the same, live
+    Every view takes --json. Options can come from the environment: TLCTL_SOCKET,
+    TLCTL_CONTROLLER, TLCTL_CA, TLCTL_CERT, TLCTL_KEY.
+    """
+    tls = TlsFiles(ca, cert, key) if ca and cert and key else None
+
+    def connect() -> OperatorClient:
+        return OperatorClient(
+            socket_path=socket_path,
+            address=controller,
+            tls=tls,
+            server_name=server_name,
+            timeout_s=parse_duration(timeout),
+        )
+
+    ctx.obj = connect
+
+
+def _client(func: F) -> F:
+    """Pass a connected client as the first argument; close it afterwards."""
+
+    @functools.wraps(func)
+    def wrapper(*args: Any, **kwargs: Any) -> Any:
+        connect = click.get_current_context().obj
+        client = connect()
+        try:
+            return func(client, *args, **kwargs)
+        finally:
+            client.close()
+
+    return wrapper  # type: ignore[return-value]
+
+
+def _ago(at: float | None, now: float) -> str:
+    if not at:
+        return "-"
+    delta = now - at
+    return f"{delta:.1f}s ago" if delta >= 0 else f"in {-delta:.1f}s"
+
+
+def _seconds(value: float | None) -> str:
+    return "-" if value is None else f"{value * 1000:.0f} ms"
+
+
+def jobs_table(jobs: list[dict[str, Any]]) -> Table:
+    table = Table(title="jobs", title_justify="left")
+    for column in ("JOB", "NAME", "SOURCES", "PS HOSTS", "GREEN", "SPREAD", "PERIOD", "STATE"):
+        table.add_column(column)
+    for job in jobs:
+        table.add_row(
+            job["job"],
+            job["name"] or "-",
+            ",".join(job["sources"]),
+            ",".join(job["ps_hosts"]) or "-",
+            f"{job['green_share']:.0%}" if job["ps_hosts"] else "-",
+            _seconds(job["spread_s"]),
+            _seconds(job["period_s"]),
+            job["state"],
+        )
+    return table
+
+
+def hosts_table(hosts: list[dict[str, Any]], now: float) -> Table:
+    table = Table(title="hosts", title_justify="left")
+    for column in ("HOST", "AGENT", "MODE", "JOBS", "LAST REPORT", "PLAN", "HEALTH"):
+        table.add_column(column)
+    for host in hosts:
+        table.add_row(
+            host["host"],
+            "connected" if host["connected"] else "[red]disconnected[/red]",
+            host["mode"],
+            str(len(host["jobs"])),
+            _ago(host["last_report_at"], now),
+            str(host["plan_generation"]),
+            host["health"] or "ok",
+        )
+    return table
+
+
+def rotations_table(rotations: dict[str, Any], history: int) -> Table:
+    now = rotations["at"] or time.time()
+    table = Table(title="rotations", title_justify="left")
+    for column in ("HOST", "GREEN", "SINCE", "NEXT", "AT", "RECENT (applied)"):
+        table.add_column(column)
+    for host in rotations["hosts"]:
+        recent = [f"{r['green']} {_ago(r['applied_at'], now)}" for r in host["recent"][-history:]][
+            ::-1
+        ]
+        table.add_row(
+            host["host"],
+            host["green"] or "-",
+            _ago(host["green_since"], now),
+            host["next"] or "-",
+            _ago(host["next_at"], now),
+            "\n".join(recent) or "-",
+        )
+    return table
+
+
+@main.command()
+@click.option("--json", "as_json", is_flag=True, help="Machine-readable output.")
+@reports_errors
+@_client
+def jobs(client: OperatorClient, as_json: bool) -> None:
+    """Every job the controller knows: its sources, PS hosts and share of green time."""
+    found = client.jobs()
+    if as_json:
+        echo_json(found)
+    else:
+        Console().print(jobs_table(found))
+
+
+@main.command()
+@click.option("--json", "as_json", is_flag=True, help="Machine-readable output.")
+@reports_errors
+@_client
+def hosts(client: OperatorClient, as_json: bool) -> None:
+    """Every host whose agent registered: connected or not, following the plan or not."""
+    found = client.hosts()
+    if as_json:
+        echo_json(found)
+    else:
+        Console().print(hosts_table(found, time.time()))
+
+
+@main.command()
+@click.argument("host", required=False, default="")
+@click.option("--upcoming", default=3, show_default=True, help="Next changes to list (JSON).")
+@click.option("--history", default=3, show_default=True, help="Recent changes to show.")
+@click.option("--json", "as_json", is_flag=True, help="Machine-readable output.")
+@reports_errors
+@_client
+def rotations(
+    client: OperatorClient, host: str, upcoming: int, history: int, as_json: bool
+) -> None:
+    """Per host: who is green now and since when, who is next and when, what was applied."""
+    found = client.rotations(host, upcoming)
+    if as_json:
+        echo_json(found)
+    else:
+        Console().print(rotations_table(found, history))
+
+
+@main.command()
+@click.option("--interval", default="1s", show_default=True, help="Refresh period.")
+@click.option("--count", type=int, default=0, help="Stop after this many updates (0: never).")
+@click.option("--json", "as_json", is_flag=True, help="One JSON document per line per update.")
+@reports_errors
+@_client
+def watch(client: OperatorClient, interval: str, count: int, as_json: bool) -> None:
+    """Jobs, hosts and rotations, refreshed live (Ctrl-C to stop)."""
+    views = _limited(client.watch(parse_duration(interval)), count)
+    with contextlib.suppress(KeyboardInterrupt):
+        if as_json:
+            for view in views:
+                click.echo(json.dumps(view, sort_keys=True), nl=True)
+            return
+        console = Console()
+        with Live(console=console, auto_refresh=False) as live:
+            for view in views:
+                now = view["at"] or time.time()
+                live.update(
+                    Group(
+                        jobs_table(view["jobs"]),
+                        hosts_table(view["hosts"], now),
+                        rotations_table({"at": now, "hosts": view["rotations"]}, 3),
+                    ),
+                    refresh=True,
+                )
+
+
+def _limited(views: Iterator[dict[str, Any]], count: int) -> Iterator[dict[str, Any]]:
+    for index, view in enumerate(views):
+        yield view
+        if count and index + 1 >= count:
+            return
+
+
+if __name__ == "__main__":
+    main()

@@ -281,3 +281,12 @@ def _rule_job(rule: OperatorRule, facts: ProcessFacts) -> str | None:
 
 def _cmdline(facts: ProcessFacts) -> str:
     return " ".join(facts.cmdline)
+
+
+def launcher_job(
+    env: Mapping[str, str], rules: DiscoveryRules | None = None
+) -> tuple[str, str] | None:
+    """(job, role) a launcher's environment (TF_CONFIG, DMLC, torch) gives a process: the
+    controller's Kubernetes source names pods' jobs with it exactly as agents name them."""
+    found = _framework(env, rules or DiscoveryRules(), [])
+    return None if found is None else (found.job, found.role)

@@ -45,6 +45,8 @@ class BandPlan:
     """When the light moves next if nothing else changes (None: it does not move by time)."""
     rotated: bool
     """The green job differs from the previous evaluation's."""
+    generation: int = 0
+    """The controller plan this follows; 0 under the host's own policy."""
 
 
 def fold_bands(jobs_in_order: int, bands: int) -> list[int]:

@@ -20,8 +20,17 @@ METRICS = "127.0.0.1:9731"
 
 
 class AgentProcess:
-    def __init__(self, pair: netns.HostPair, workdir: Path, *flags: str) -> None:
-        self.pair = pair
+    def __init__(
+        self,
+        where: netns.HostPair | netns.Host,
+        workdir: Path,
+        *flags: str,
+        standalone: bool = True,
+        metrics: str = METRICS,
+    ) -> None:
+        """An agent on `where`: a pair's sender (veth-a) or a cluster host (its eth0)."""
+        self.host = where.a if isinstance(where, netns.HostPair) else where
+        self.metrics = metrics
         self.workdir = workdir
         self.socket = workdir / "agent.sock"
         self.log = open(workdir / "agent.log", "a")  # noqa: SIM115 - closed in stop()
@@ -29,12 +38,12 @@ class AgentProcess:
             *AGENT,
             "run",
             "--interface",
-            "veth-a",
+            self.host.ifname,
             "--link-rate",
             "200mbit",
-            "--standalone",
+            *(["--standalone"] if standalone else []),
             "--metrics-address",
-            METRICS,
+            metrics,
             "--status-socket",
             str(self.socket),
             "--state-dir",
@@ -46,7 +55,7 @@ class AgentProcess:
         if not (workdir / "agent.toml").exists():
             (workdir / "agent.toml").write_text("")
         self.proc = subprocess.Popen(
-            pair.a.exec_args(*command), stderr=self.log, env=clean_env(), text=True
+            self.host.exec_args(*command), stderr=self.log, env=clean_env(), text=True
         )
 
     def status(self) -> dict[str, Any] | None:
@@ -80,7 +89,7 @@ class AgentProcess:
             "print(code); sys.stdout.write(body.decode())\n"
         )
         out = subprocess.run(
-            self.pair.a.exec_args(sys.executable, "-c", script, f"http://{METRICS}{path}"),
+            self.host.exec_args(sys.executable, "-c", script, f"http://{self.metrics}{path}"),
             capture_output=True,
             text=True,
             check=True,

@@ -10,11 +10,10 @@ from tensorlights.agent.config import (
     AgentConfig,
     OnStop,
     build_config,
-    parse_address,
-    read_config_file,
     with_link_rate,
 )
 from tensorlights.agent.health import Health
+from tensorlights.configfile import parse_address, read_config_file
 from tensorlights.errors import ConfigError, LinkRateUnknownError
 from tensorlights.policy.bands import PolicyName
 
@@ -55,8 +54,17 @@ def test_defaults() -> None:
         ({"interface": "eth0", "on_stop": "explode"}, "on_stop"),
         ({"interface": "eth0", "unmanaged_share": 0.0}, "unmanaged_share"),
         ({"interface": "a/b"}, "not a valid Linux name"),
-        ({"interface": "eth0", "standalone": False}, "no controller client"),
-        ({"interface": "eth0", "controller": "c:1"}, "no controller client"),
+        ({"interface": "eth0", "standalone": False}, "needs the controller's address"),
+        ({"interface": "eth0", "controller": {"address": "c:1"}}, "always mutual TLS"),
+        ({"interface": "eth0", "controller": {"address": "c", "ca": "x"}}, "all of ca, cert"),
+        ({"interface": "eth0", "controller": {"address": "c:1", "tls": 1}}, "unknown [controller]"),
+        (
+            {
+                "interface": "eth0",
+                "controller": {"address": "c:1", "ca": "/x", "cert": "/y", "key": "/z"},
+            },
+            "controller.ca /x",
+        ),
         ({"interface": "eth0", "health_max_age": "100ms"}, "health_max_age"),
         ({"interface": "eth0", "discovery": {"torch_ps_ranks": [-1]}}, "non-negative"),
         ({"interface": "eth0", "discovery": {"extra": 1}}, "unknown [discovery] keys"),

@@ -1,0 +1,85 @@
+"""Reading TOML config files: typed values with messages that name the key (shared by the
+agent's and the controller's configuration)."""
+
+from __future__ import annotations
+
+import tomllib
+from collections.abc import Mapping
+from enum import StrEnum
+from pathlib import Path
+from typing import Any, TypeVar
+
+from tensorlights.errors import ConfigError
+from tensorlights.units import parse_duration
+
+E = TypeVar("E", bound=StrEnum)
+
+
+def read_config_file(path: Path, required: bool) -> dict[str, Any]:
+    """The file's table; {} when it is absent and was not asked for explicitly."""
+    try:
+        with open(path, "rb") as handle:
+            return tomllib.load(handle)
+    except FileNotFoundError:
+        if required:
+            raise ConfigError(f"config file {path} does not exist") from None
+        return {}
+    except tomllib.TOMLDecodeError as exc:
+        raise ConfigError(f"config file {path}: {exc}") from exc
+    except OSError as exc:
+        raise ConfigError(f"config file {path}: {exc.strerror}") from exc
+
+
+def parse_address(text: str) -> tuple[str, int]:
+    host, sep, port = text.rpartition(":")
+    if not sep or not port.isdigit() or not 0 < int(port) < 65536:
+        raise ConfigError(f"address {text!r} must be HOST:PORT")
+    return host.strip("[]") or "127.0.0.1", int(port)
+
+
+def text(values: Mapping[str, Any], key: str, default: str | None = None) -> str:
+    value = values.get(key, default)
+    if not isinstance(value, str):
+        raise ConfigError(f"{key} must be a string, got {value!r}")
+    return value
+
+
+def flag(values: Mapping[str, Any], key: str, default: bool) -> bool:
+    value = values.get(key, default)
+    if not isinstance(value, bool):
+        raise ConfigError(f"{key} must be true or false, got {value!r}")
+    return value
+
+
+def number(values: Mapping[str, Any], key: str, default: float) -> float:
+    value = values.get(key, default)
+    if isinstance(value, bool) or not isinstance(value, int | float):
+        raise ConfigError(f"{key} must be a number, got {value!r}")
+    return float(value)
+
+
+def duration(values: Mapping[str, Any], key: str, default: float) -> float:
+    value = values.get(key)
+    if value is None:
+        return default
+    if isinstance(value, bool) or not isinstance(value, str | int | float):
+        raise ConfigError(f"{key} must be a duration such as 3s or 500ms, got {value!r}")
+    return parse_duration(str(value)) if isinstance(value, str) else float(value)
+
+
+def choice(kind: type[E], value: Any, key: str) -> E:
+    try:
+        return kind(value)
+    except ValueError:
+        allowed = ", ".join(member.value for member in kind)
+        raise ConfigError(f"{key} must be one of {allowed}, got {value!r}") from None
+
+
+def section(table: Any, name: str, keys: set[str]) -> dict[str, Any]:
+    """A [name] table of the file, with only the keys it may have."""
+    if not isinstance(table, dict):
+        raise ConfigError(f"[{name}] must be a table")
+    unknown = set(table) - keys
+    if unknown:
+        raise ConfigError(f"unknown [{name}] keys: {', '.join(sorted(unknown))}")
+    return table

@@ -1,0 +1,218 @@
+"""The controller's composition root: config, registry, planner, sources and servers are
+built here; everything runs on one asyncio loop.
+
+Servers:
+  agents + operators  TCP `listen`, mutual TLS (client certificates from the CA required):
+                      AgentLink and Operator
+  operators (local)   Unix socket `socket` (mode 0660, group `socket_group`): Operator only
+  metrics             HTTP `metrics_address`: /metrics, /healthz
+
+State is rebuilt from scratch at every start: agents re-register (their sessions are
+unknown to a new controller, so their next report is NOT_FOUND and they register again) and
+the sources are polled. Only the incarnation is kept (state_dir/incarnation), so that plans
+of a restarted controller order after those of the previous one even if the clock stepped.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import contextlib
+import grp
+import logging
+import os
+import signal
+import time
+from collections.abc import Callable
+from pathlib import Path
+
+import grpc
+from prometheus_client import CollectorRegistry
+
+from tensorlights import __version__
+from tensorlights.agent.health import Health
+from tensorlights.agent.http import MetricsServer
+from tensorlights.agent.sdnotify import Notifier
+from tensorlights.controller.config import ControllerConfig
+from tensorlights.controller.core import Controller, Source
+from tensorlights.controller.metrics import ControllerMetrics
+from tensorlights.controller.planner import Planner
+from tensorlights.controller.registry import Registry
+from tensorlights.controller.slurm import SlurmSource
+from tensorlights.controller.sources import KubernetesPods, SlurmMembership, StaticJobsFile
+from tensorlights.errors import ConfigError
+from tensorlights.rpc.convert import MAX_MESSAGE_BYTES
+from tensorlights.rpc.server import agent_link_service, operator_service
+from tensorlights.rpc.tls import server_credentials
+
+log = logging.getLogger("tensorlights.controller")
+
+SERVER_OPTIONS = [
+    ("grpc.max_receive_message_length", MAX_MESSAGE_BYTES),
+    ("grpc.keepalive_time_ms", 10_000),
+    ("grpc.keepalive_timeout_ms", 5_000),
+    ("grpc.http2.min_ping_interval_without_data_ms", 5_000),
+    ("grpc.keepalive_permit_without_calls", 1),
+]
+
+
+def next_incarnation(state_dir: Path, now_ns: int) -> int:
+    """Above both the clock and the last incarnation recorded in state_dir."""
+    path = state_dir / "incarnation"
+    try:
+        last = int(path.read_text().strip())
+    except (OSError, ValueError):
+        last = 0
+    incarnation = max(now_ns, last + 1)
+    try:
+        state_dir.mkdir(parents=True, exist_ok=True)
+        tmp = path.with_suffix(".tmp")
+        tmp.write_text(f"{incarnation}\n")
+        tmp.replace(path)
+    except OSError as exc:
+        raise ConfigError(f"state_dir {state_dir}: {exc.strerror}") from exc
+    return incarnation
+
+
+def build_sources(config: ControllerConfig) -> list[tuple[Source, float]]:
+    sources: list[tuple[Source, float]] = []
+    if config.slurm:
+        source = SlurmMembership(SlurmSource(config.slurm_command))
+        sources.append((source, config.slurm_interval_s))
+    if config.jobs_file is not None:
+        sources.append((StaticJobsFile(config.jobs_file), 1.0))
+    if config.kubernetes_url:
+        pods = KubernetesPods(
+            config.kubernetes_url,
+            config.kubernetes_namespace,
+            config.kubernetes_token_file,
+            config.kubernetes_ca_file,
+        )
+        sources.append((pods, config.kubernetes_interval_s))
+    return sources
+
+
+class ControllerApp:
+    def __init__(
+        self, config: ControllerConfig, registry: CollectorRegistry, notifier: Notifier
+    ) -> None:
+        self.config = config
+        self.registry = registry
+        self.notifier = notifier
+        self.health = Health(max(10.0, 3 * config.report_interval_s), time.monotonic)
+        self._stop: asyncio.Event | None = None
+
+    def run(self) -> int:
+        return asyncio.run(self._main())
+
+    async def _main(self) -> int:
+        config = self.config
+        sources = build_sources(config)  # a bad jobs file stops us here
+        metrics = ControllerMetrics(self.registry)
+        incarnation = next_incarnation(config.state_dir, time.time_ns())
+        controller = Controller(
+            Registry(config.host_timeout_s),
+            Planner(config.slot_s, config.lease_s, incarnation),
+            metrics,
+            config.report_interval_s,
+        )
+        server = grpc.aio.server(options=SERVER_OPTIONS)
+        server.add_generic_rpc_handlers(
+            (agent_link_service(controller, check_identity=True), operator_service(controller))
+        )
+        host, port = config.listen
+        target = f"[{host}]:{port}" if ":" in host else f"{host}:{port}"
+        credentials = server_credentials(config.tls)
+        bound = _bind(lambda: server.add_secure_port(target, credentials), target)
+        local = self._local_server(controller)
+        http = MetricsServer(config.metrics_address, self.registry, self.health)
+        await server.start()
+        if local is not None:
+            await local.start()
+            self._secure_socket()
+        http.start()
+        self._stop = asyncio.Event()
+        loop = asyncio.get_running_loop()
+        for signum in (signal.SIGTERM, signal.SIGINT):
+            loop.add_signal_handler(signum, self._stop.set)
+        tasks = [asyncio.create_task(controller.replan_loop(), name="replan")]
+        tasks += [
+            asyncio.create_task(controller.source_loop(source, interval), name=source.name)
+            for source, interval in sources
+        ]
+        tasks.append(asyncio.create_task(self._heartbeat(), name="heartbeat"))
+        log.info(
+            "tensorlights-controller %s: agents on %s:%d (mTLS)%s, slot %.3gs, lease %.3gs, "
+            "sources: %s",
+            __version__,
+            host,
+            bound,
+            f", tlctl on {config.socket}" if config.socket else "",
+            config.slot_s,
+            config.lease_s,
+            ", ".join(s.name for s, _ in sources) or "agents only",
+        )
+        self.notifier.send(READY="1", STATUS=f"serving on {host}:{bound}")
+        try:
+            await self._stop.wait()
+        finally:
+            self.notifier.send(STOPPING="1")
+            for task in tasks:
+                task.cancel()
+            await asyncio.gather(*tasks, return_exceptions=True)
+            await server.stop(grace=1.0)
+            if local is not None:
+                await local.stop(grace=1.0)
+                with contextlib.suppress(FileNotFoundError):
+                    assert config.socket is not None
+                    config.socket.unlink()
+            http.close()
+            self.notifier.close()
+        return 0
+
+    def _local_server(self, controller: Controller) -> grpc.aio.Server | None:
+        path = self.config.socket
+        if path is None:
+            return None
+        path.parent.mkdir(parents=True, exist_ok=True)
+        with contextlib.suppress(FileNotFoundError):
+            path.unlink()  # a leftover from a crash: nothing listens there (we hold the port)
+        local = grpc.aio.server(options=SERVER_OPTIONS)
+        local.add_generic_rpc_handlers((operator_service(controller),))
+        old = os.umask(0o177)  # the socket is born owner-only, widened to the group below
+        try:
+            _bind(lambda: local.add_insecure_port(f"unix:{path}"), str(path))
+        finally:
+            os.umask(old)
+        return local
+
+    def _secure_socket(self) -> None:
+        path, group = self.config.socket, self.config.socket_group
+        assert path is not None
+        if group is not None:
+            try:
+                gid = grp.getgrnam(group).gr_gid
+            except KeyError:
+                raise ConfigError(f"socket_group {group!r} does not exist") from None
+            os.chown(path, -1, gid)
+        os.chmod(path, 0o660 if group is not None else 0o600)
+
+    async def _heartbeat(self) -> None:
+        """The loop is alive: /healthz and the systemd watchdog."""
+        while True:
+            self.health.success()
+            self.notifier.send(WATCHDOG="1")
+            await asyncio.sleep(1.0)
+
+    def request_stop(self) -> None:
+        if self._stop is not None:
+            self._stop.set()
+
+
+def _bind(add: Callable[[], int], where: str) -> int:
+    try:
+        port = int(add())
+    except RuntimeError as exc:
+        raise ConfigError(f"cannot listen on {where}: {exc}") from exc
+    if port == 0:
+        raise ConfigError(f"cannot listen on {where} (in use, or not an address of this host)")
+    return port

@@ -1,0 +1,184 @@
+"""The controller's state machine on one asyncio loop: registry + planner + plan delivery.
+
+Every change that may move membership marks the plan dirty; one task recomputes it (at most
+every `REPLAN_GAP_S`, so a burst of reports costs one computation) and wakes the WatchPlan
+streams of the hosts whose plan changed. Sources are polled in threads (squeue and HTTP
+block) and keep their last good answer when a poll fails.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import contextlib
+import logging
+import time
+from collections.abc import Callable, Sequence
+from dataclasses import dataclass
+from typing import Protocol
+
+from tensorlights.controller.metrics import ControllerMetrics
+from tensorlights.controller.planner import HostRotationView, Planner
+from tensorlights.controller.registry import (
+    HostRecord,
+    JobView,
+    Registry,
+    SourceJob,
+)
+from tensorlights.errors import TensorLightsError
+from tensorlights.model import HostReport, PlanSlots, Registration
+
+log = logging.getLogger("tensorlights.controller")
+
+REPLAN_GAP_S = 0.05
+
+
+class Source(Protocol):
+    name: str
+
+    def jobs(self) -> list[SourceJob]: ...
+
+
+@dataclass(frozen=True)
+class HostRotations:
+    view: HostRotationView
+    recent: tuple[tuple[str, float, int], ...]
+    """(green, applied at, plan generation) as the agent reported, newest last."""
+
+
+class Controller:
+    def __init__(
+        self,
+        registry: Registry,
+        planner: Planner,
+        metrics: ControllerMetrics,
+        report_interval_s: float,
+        clock: Callable[[], float] = time.time,
+    ) -> None:
+        self.registry = registry
+        self.planner = planner
+        self.metrics = metrics
+        self.report_interval_s = report_interval_s
+        self._clock = clock
+        self._dirty = asyncio.Event()
+        self._plan_changed: dict[str, asyncio.Event] = {}
+        self._planned_version = -1
+        self.changed = asyncio.Condition()
+        """Notified after every replan (the operator Watch stream waits on it)."""
+
+    def now(self) -> float:
+        return self._clock()
+
+    # Agents -------------------------------------------------------------------------------
+
+    def register(self, registration: Registration) -> HostRecord:
+        record = self.registry.register(registration, self._clock())
+        self.metrics.registrations.inc()
+        log.info(
+            "host %s registered (agent %s, incarnation %d)",
+            record.host,
+            registration.agent_version,
+            registration.incarnation,
+        )
+        self._plan_changed.setdefault(record.host, asyncio.Event()).set()  # old stream: re-check
+        self._mark()
+        return record
+
+    def report(self, report: HostReport) -> HostRecord:
+        record = self.registry.report(report, self._clock())
+        self.metrics.reports.inc()
+        self._mark()
+        return record
+
+    def stream_opened(self, record: HostRecord) -> asyncio.Event:
+        self.registry.set_connected(record.session, True, self._clock())
+        self._mark()
+        event = self._plan_changed.setdefault(record.host, asyncio.Event())
+        event.clear()
+        return event
+
+    def stream_closed(self, record: HostRecord) -> None:
+        if self.registry.hosts.get(record.host) is record:
+            self.registry.set_connected(record.session, False, self._clock())
+            self._mark()
+
+    def plan_for(self, host: str) -> PlanSlots:
+        return self.planner.plan_for(host)
+
+    def current(self, record: HostRecord) -> bool:
+        """Whether `record` is still the host's session (a re-registration replaces it)."""
+        return self.registry.hosts.get(record.host) is record
+
+    # Planning -----------------------------------------------------------------------------
+
+    def _mark(self) -> None:
+        if self.registry.version != self._planned_version:
+            self._dirty.set()
+
+    def replan(self) -> set[str]:
+        for host in self.registry.expire(self._clock()):
+            log.info("host %s forgotten: disconnected for over the host timeout", host)
+        self._planned_version = self.registry.version
+        started = time.perf_counter()
+        changed = self.planner.update(self.registry.membership(), set(self.registry.hosts))
+        if changed:
+            self.metrics.plan_seconds.observe(time.perf_counter() - started)
+            self.metrics.generation.set(self.planner.generation)
+            for host in changed:
+                self._plan_changed.setdefault(host, asyncio.Event()).set()
+        records = self.registry.hosts.values()
+        self.metrics.hosts.set(sum(r.connected for r in records))
+        self.metrics.jobs.set(len(self.planner.schedule.green_slots))
+        self.metrics.slots.set(len(self.planner.schedule.slots))
+        return changed
+
+    async def replan_loop(self) -> None:
+        while True:
+            # Also when nothing happens: disconnected hosts expire.
+            with contextlib.suppress(TimeoutError):
+                await asyncio.wait_for(self._dirty.wait(), self.report_interval_s)
+            self._dirty.clear()
+            self.replan()
+            async with self.changed:
+                self.changed.notify_all()
+            await asyncio.sleep(REPLAN_GAP_S)
+
+    async def source_loop(self, source: Source, interval_s: float) -> None:
+        failing = False
+        while True:
+            try:
+                jobs = await asyncio.to_thread(source.jobs)
+            except TensorLightsError as exc:
+                self.metrics.source_errors.labels(source.name).inc()
+                if not failing:
+                    log.warning("source %s failed (keeping its last jobs): %s", source.name, exc)
+                failing = True
+            else:
+                if failing:
+                    log.info("source %s recovered", source.name)
+                failing = False
+                self.registry.set_source(source.name, jobs)
+                self.metrics.source_success.labels(source.name).set(self._clock())
+                self._mark()
+            await asyncio.sleep(interval_s)
+
+    # Operator views -----------------------------------------------------------------------
+
+    def jobs(self) -> list[tuple[JobView, float]]:
+        """Each job with its share of the cycle as green."""
+        return [(job, self.planner.schedule.share(job.job)) for job in self.registry.jobs()]
+
+    def hosts(self) -> Sequence[HostRecord]:
+        return sorted(self.registry.hosts.values(), key=lambda r: r.host)
+
+    def rotations(self, host: str = "", upcoming: int = 3) -> list[HostRotations]:
+        now = self._clock()
+        hosts = [h for h in sorted(self.registry.hosts) if not host or h == host]
+        return [
+            HostRotations(
+                view=self.planner.rotation(name, now, upcoming),
+                recent=tuple(
+                    (r.green, r.applied_at, r.generation) for r in self.registry.hosts[name].recent
+                ),
+            )
+            for name in hosts
+        ]

@@ -1,0 +1,97 @@
+"""From membership to each host's plan, and the rotations view (pure; time is an argument).
+
+Slots are aligned to the Unix epoch (slot k starts at k * slot_s), so every agent -- and a
+restarted controller -- computes the same boundaries from its NTP-synchronised wall clock.
+A host's plan carries the generation at which it last changed; the generation only grows
+(with the controller's incarnation, which grows across restarts, it orders all plans).
+"""
+
+from __future__ import annotations
+
+import math
+from collections.abc import Mapping
+from dataclasses import dataclass
+
+from tensorlights.model import PlanSlots
+from tensorlights.policy.schedule import HostSchedule, Schedule, build_schedule, host_orders
+
+EPOCH = 0.0
+
+
+@dataclass(frozen=True)
+class HostRotationView:
+    host: str
+    green: str | None
+    green_since: float | None
+    next: str | None
+    next_at: float | None
+    upcoming: tuple[tuple[str, float], ...]
+    """(job, Unix seconds) of the next changes."""
+
+
+class Planner:
+    def __init__(self, slot_s: float, lease_s: float, incarnation: int) -> None:
+        self.slot_s = slot_s
+        self.lease_s = lease_s
+        self.incarnation = incarnation
+        self.generation = 0
+        self.schedule = Schedule((), {})
+        self._membership: dict[str, frozenset[str]] = {}
+        self._orders: dict[str, tuple[tuple[str, ...], ...]] = {}
+        self._generation_of: dict[str, int] = {}
+
+    def update(self, membership: Mapping[str, frozenset[str]], hosts: set[str]) -> set[str]:
+        """Recompute for a new membership; the hosts whose plan changed."""
+        if membership == self._membership and hosts == set(self._orders):
+            return set()
+        self._membership = dict(membership)
+        self.schedule = build_schedule(membership)
+        jobs_of: dict[str, list[str]] = {host: [] for host in hosts}
+        for job, job_hosts in membership.items():
+            for host in job_hosts:
+                if host in jobs_of:
+                    jobs_of[host].append(job)
+        orders = {host: host_orders(self.schedule, jobs) for host, jobs in jobs_of.items()}
+        changed = {host for host, order in orders.items() if self._orders.get(host) != order}
+        if changed:
+            self.generation += 1
+            for host in changed:
+                self._generation_of[host] = self.generation
+        for host in set(self._orders) - set(orders):
+            self._generation_of.pop(host, None)
+        self._orders = orders
+        return changed
+
+    def plan_for(self, host: str) -> PlanSlots:
+        return PlanSlots(
+            incarnation=self.incarnation,
+            generation=self._generation_of.get(host, self.generation),
+            lease_s=self.lease_s,
+            epoch=EPOCH,
+            slot_s=self.slot_s,
+            slots=self._orders.get(host, ()),
+        )
+
+    def rotation(self, host: str, now: float, upcoming: int = 3) -> HostRotationView:
+        """Who is green on `host` at Unix time `now`, since when, and the next changes."""
+        orders = self._orders.get(host, ())
+        jobs = frozenset(job for order in orders[:1] for job in order)
+        schedule = HostSchedule(
+            self.incarnation, 0, EPOCH, self.slot_s, orders, lease_until=math.inf
+        )
+        now_plan = schedule.evaluate(now, jobs, 1, None)
+        changes: list[tuple[str, float]] = []
+        at = now_plan.next_change_at
+        while at is not None and len(changes) < upcoming:
+            later = schedule.evaluate(at, jobs, 1, None)
+            assert later.green is not None
+            changes.append((later.green, at))
+            at = later.next_change_at
+        return HostRotationView(
+            host=host,
+            green=now_plan.green,
+            green_since=now_plan.green_since,
+            next=changes[0][0] if changes else None,
+            next_at=changes[0][1] if changes else None,
+            upcoming=tuple(changes),
+        )

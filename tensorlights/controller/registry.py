@@ -1,0 +1,216 @@
+"""The job registry: what every source says, merged (pure; time comes in as an argument).
+
+Sources:
+  agent       each host's agent reports the PS jobs it discovered there (the PS hosts of a
+              job are the hosts that report it: the authority on where PS processes run)
+  slurm       running jobs and their nodes (`slurm/<id>`, the id discovery gives their tasks)
+  static      a jobs file: job -> PS hosts, for jobs no agent can identify by itself
+  kubernetes  Kubeflow pods: job -> PS nodes and all nodes
+
+A host's session starts with its registration. A registration older than the current one
+(lower agent incarnation) and a report whose seq does not grow are replays and are refused
+without a change. A host whose agent disconnected keeps its jobs for `host_timeout` (a
+restarting agent does not reshuffle the cluster) and is forgotten after it.
+"""
+
+from __future__ import annotations
+
+import secrets
+from collections import deque
+from collections.abc import Iterable, Mapping
+from dataclasses import dataclass, field
+
+from tensorlights.model import AppliedRotation, HostReport, Registration, ReportedJob
+
+SOURCES = ("agent", "slurm", "static", "kubernetes")
+HISTORY = 20
+
+
+class StaleMessage(Exception):
+    """A replayed or out-of-order registration or report (FAILED_PRECONDITION)."""
+
+
+class UnknownSession(Exception):
+    """A session this controller does not know (it restarted): register again (NOT_FOUND)."""
+
+
+@dataclass(frozen=True)
+class SourceJob:
+    """A job as a resource manager or the jobs file declares it."""
+
+    job: str
+    source: str
+    name: str = ""
+    ps_hosts: frozenset[str] = frozenset()
+    nodes: tuple[str, ...] = ()
+    state: str = ""
+    user: str = ""
+
+
+@dataclass
+class HostRecord:
+    registration: Registration
+    session: str
+    registered_at: float
+    seq: int = 0
+    connected: bool = False
+    disconnected_at: float | None = None
+    last_report_at: float | None = None
+    jobs: dict[str, ReportedJob] = field(default_factory=dict)
+    mode: str = "local"
+    health: str = ""
+    recent: deque[AppliedRotation] = field(default_factory=lambda: deque(maxlen=HISTORY))
+
+    @property
+    def host(self) -> str:
+        return self.registration.host
+
+
+@dataclass(frozen=True)
+class JobView:
+    job: str
+    name: str
+    sources: tuple[str, ...]
+    ps_hosts: tuple[str, ...]
+    nodes: tuple[str, ...]
+    state: str
+    user: str
+    spread_s: float | None
+    period_s: float | None
+
+
+class Registry:
+    def __init__(self, host_timeout_s: float = 30.0) -> None:
+        self.host_timeout_s = host_timeout_s
+        self.hosts: dict[str, HostRecord] = {}
+        self._sessions: dict[str, str] = {}
+        self._sources: dict[str, dict[str, SourceJob]] = {}
+        self.version = 0
+        """Grows whenever membership (job -> PS hosts) may have changed."""
+
+    # Agents ------------------------------------------------------------------------------
+
+    def register(self, registration: Registration, now: float) -> HostRecord:
+        current = self.hosts.get(registration.host)
+        if current is not None and registration.incarnation < current.registration.incarnation:
+            raise StaleMessage(
+                f"host {registration.host}: registration from an older agent start "
+                f"({registration.incarnation} < {current.registration.incarnation})"
+            )
+        if current is not None:
+            self._sessions.pop(current.session, None)
+        record = HostRecord(registration, secrets.token_hex(16), now)
+        if current is not None and current.registration.incarnation == registration.incarnation:
+            record.jobs = current.jobs  # the same agent reconnecting keeps what it reported
+            record.recent = current.recent
+        self.hosts[registration.host] = record
+        self._sessions[record.session] = registration.host
+        self.version += 1
+        return record
+
+    def session(self, session: str) -> HostRecord:
+        host = self._sessions.get(session)
+        if host is None:
+            raise UnknownSession("unknown session: register again")
+        return self.hosts[host]
+
+    def report(self, report: HostReport, now: float) -> HostRecord:
+        record = self.session(report.session)
+        if report.seq <= record.seq:
+            raise StaleMessage(
+                f"host {record.host}: report {report.seq} is not newer than {record.seq}"
+            )
+        jobs = {job.job: job for job in report.jobs}
+        if {j: r.ports for j, r in jobs.items()} != {j: r.ports for j, r in record.jobs.items()}:
+            self.version += 1
+        record.seq = report.seq
+        record.jobs = jobs
+        record.mode = report.mode
+        record.health = report.health
+        record.last_report_at = now
+        record.recent.extend(report.rotations)
+        return record
+
+    def set_connected(self, session: str, connected: bool, now: float) -> None:
+        host = self._sessions.get(session)
+        if host is None:
+            return
+        record = self.hosts[host]
+        if record.connected != connected:
+            record.connected = connected
+            record.disconnected_at = None if connected else now
+            self.version += 1
+
+    def expire(self, now: float) -> list[str]:
+        """Forget hosts disconnected for longer than host_timeout; their names."""
+        gone = [
+            host
+            for host, record in self.hosts.items()
+            if not record.connected
+            and (record.disconnected_at or record.registered_at) + self.host_timeout_s < now
+        ]
+        for host in gone:
+            self._sessions.pop(self.hosts.pop(host).session, None)
+        if gone:
+            self.version += 1
+        return gone
+
+    # Sources ------------------------------------------------------------------------------
+
+    def set_source(self, source: str, jobs: Iterable[SourceJob]) -> None:
+        new = {job.job: job for job in jobs}
+        if new != self._sources.get(source):
+            self._sources[source] = new
+            self.version += 1
+
+    def source_jobs(self, source: str) -> Mapping[str, SourceJob]:
+        return self._sources.get(source, {})
+
+    # Views --------------------------------------------------------------------------------
+
+    def membership(self) -> dict[str, frozenset[str]]:
+        """Job -> the known hosts where its PS runs: the ones whose agents report it, and the
+        ones the jobs file or Kubernetes declare it on (hosts without a known agent are left
+        out: nobody would execute a plan there)."""
+        ps_hosts: dict[str, set[str]] = {}
+        for host, record in self.hosts.items():
+            for job in record.jobs:
+                ps_hosts.setdefault(job, set()).add(host)
+        for jobs in self._sources.values():
+            for source_job in jobs.values():
+                declared = {h for h in source_job.ps_hosts if h in self.hosts}
+                if declared:
+                    ps_hosts.setdefault(source_job.job, set()).update(declared)
+        return {job: frozenset(hosts) for job, hosts in ps_hosts.items()}
+
+    def jobs(self) -> list[JobView]:
+        membership = self.membership()
+        names = set(membership)
+        for jobs in self._sources.values():
+            names.update(jobs)
+        views = []
+        for job in sorted(names):
+            declared = [jobs[job] for jobs in self._sources.values() if job in jobs]
+            reports = [r.jobs[job] for r in self.hosts.values() if job in r.jobs]
+            sources = sorted(
+                ({"agent"} if reports else set()) | {d.source for d in declared},
+                key=SOURCES.index,
+            )
+            spreads = [r.spread_s for r in reports if r.spread_s is not None]
+            periods = [r.period_s for r in reports if r.period_s is not None]
+            views.append(
+                JobView(
+                    job=job,
+                    name=next((d.name for d in declared if d.name), ""),
+                    sources=tuple(sources),
+                    ps_hosts=tuple(sorted(membership.get(job, ()))),
+                    nodes=tuple(sorted({n for d in declared for n in d.nodes})),
+                    state=next(
+                        (d.state for d in declared if d.state), "RUNNING" if reports else "declared"
+                    ),
+                    user=next((d.user for d in declared if d.user), ""),
+                    spread_s=max(spreads) if spreads else None,
+                    period_s=max(periods) if periods else None,
+                )
+            )
+        return views

@@ -1,0 +1,208 @@
+"""Coordinated rotation across hosts (pure; time comes in as an argument).
+
+The controller side: `build_schedule` turns job -> PS hosts into a repeating cycle of slots in
+which every job is green on all of its PS hosts at once and no host has two green jobs. That
+is a colouring of the conflict graph (two jobs conflict when they share a PS host); greedy
+colouring, largest jobs first (Welsh-Powell), with each host's set of taken slots kept as an
+int bitmask so a job's first free slot is one OR and one bit trick. A host-local job can
+then fill the slots its host would otherwise leave without a green job, least-served first,
+so a host idles its top band only when every candidate is blocked elsewhere.
+
+`host_orders` turns the cycle into one host's per-slot job order: the slot's green job first,
+then the host's other jobs by how soon they are green next (who is next gets band 1).
+
+The agent side: `HostSchedule` is a received plan with its times on the agent's monotonic
+clock; `PlanFollower` follows it while its lease runs and falls back to the local policy when
+it has lapsed, handing the reconciler the same `BandPlan` either way.
+"""
+
+from __future__ import annotations
+
+import math
+from collections.abc import Iterable, Mapping
+from dataclasses import dataclass, field, replace
+
+from tensorlights.policy.bands import BandPlan, BandPolicy, fold_bands
+
+
+@dataclass(frozen=True)
+class Schedule:
+    slots: tuple[frozenset[str], ...]
+    """The green jobs of each slot of the cycle (empty when there are no jobs)."""
+    green_slots: Mapping[str, tuple[int, ...]]
+    """Job -> the slots in which it is green (every job has at least one)."""
+
+    def share(self, job: str) -> float:
+        """Share of the cycle the job is green."""
+        return len(self.green_slots.get(job, ())) / len(self.slots) if self.slots else 0.0
+
+
+def _lowest_clear_bit(mask: int) -> int:
+    return (~mask & (mask + 1)).bit_length() - 1
+
+
+def build_schedule(ps_hosts: Mapping[str, Iterable[str]]) -> Schedule:
+    """A cycle in which each job is green on all of its PS hosts at once (see module doc)."""
+    hosts_of = {job: tuple(sorted(set(hosts))) for job, hosts in ps_hosts.items() if hosts}
+    taken: dict[str, int] = {}
+    colour: dict[str, int] = {}
+    for job in sorted(hosts_of, key=lambda j: (-len(hosts_of[j]), j)):
+        mask = 0
+        for host in hosts_of[job]:
+            mask |= taken.get(host, 0)
+        slot = _lowest_clear_bit(mask)
+        colour[job] = slot
+        bit = 1 << slot
+        for host in hosts_of[job]:
+            taken[host] = taken.get(host, 0) | bit
+    count = max(colour.values(), default=-1) + 1
+    greens: dict[str, list[int]] = {job: [slot] for job, slot in colour.items()}
+    full = (1 << count) - 1
+    # Fill: only jobs whose hosts all have a free slot compete; in each such slot the job
+    # with the fewest green slots so far (then the name) takes it.
+    candidates: dict[str, int] = {}
+    for job, hosts in hosts_of.items():
+        mask = 0
+        for host in hosts:
+            mask |= taken[host]
+        if mask != full:
+            candidates[job] = full & ~mask
+    for slot in range(count):
+        bit = 1 << slot
+        for job in sorted(
+            (j for j, free in candidates.items() if free & bit),
+            key=lambda j: (len(greens[j]), j),
+        ):
+            hosts = hosts_of[job]
+            if all(not taken[host] & bit for host in hosts):
+                greens[job].append(slot)
+                for host in hosts:
+                    taken[host] |= bit
+    slots: list[set[str]] = [set() for _ in range(count)]
+    for job, job_slots in greens.items():
+        for slot in job_slots:
+            slots[slot].add(job)
+    return Schedule(
+        slots=tuple(frozenset(s) for s in slots),
+        green_slots={job: tuple(sorted(s)) for job, s in greens.items()},
+    )
+
+
+def host_orders(schedule: Schedule, host_jobs: Iterable[str]) -> tuple[tuple[str, ...], ...]:
+    """One host's job order in each slot: the green one first, then by how soon each is
+    green next. A cycle whose slots all give the same order collapses to one slot."""
+    jobs = sorted(job for job in host_jobs if job in schedule.green_slots)
+    count = len(schedule.slots)
+    if not jobs or count == 0:
+        return ()
+    orders = []
+    for slot in range(count):
+
+        def wait(job: str, slot: int = slot) -> tuple[int, str]:
+            return min((g - slot) % count for g in schedule.green_slots[job]), job
+
+        orders.append(tuple(sorted(jobs, key=wait)))
+    if all(order == orders[0] for order in orders):
+        return (orders[0],)
+    return tuple(orders)
+
+
+# Agent side --------------------------------------------------------------------------------
+
+
+@dataclass(frozen=True)
+class HostSchedule:
+    """A plan from the controller, its times on this agent's monotonic clock."""
+
+    incarnation: int
+    generation: int
+    epoch: float
+    """Start of slot 0 (monotonic seconds; may lie in the past or the future)."""
+    slot_s: float
+    slots: tuple[tuple[str, ...], ...]
+    lease_until: float
+
+    def __post_init__(self) -> None:
+        if not (math.isfinite(self.slot_s) and self.slot_s > 0):
+            raise ValueError("slot length must be positive")
+
+    @property
+    def version(self) -> tuple[int, int]:
+        return self.incarnation, self.generation
+
+    def slot_index(self, now: float) -> int:
+        return math.floor((now - self.epoch) / self.slot_s)
+
+    def order_at(self, index: int, jobs: frozenset[str] | set[str]) -> tuple[str, ...]:
+        """The order of slot `index` for the jobs present here; jobs the plan does not name
+        (new since the plan) go last, by name."""
+        planned = self.slots[index % len(self.slots)] if self.slots else ()
+        named = [job for job in planned if job in jobs]
+        return tuple(named) + tuple(sorted(jobs - set(named)))
+
+    def evaluate(
+        self, now: float, jobs: frozenset[str] | set[str], ps_bands: int, previous: str | None
+    ) -> BandPlan:
+        index = self.slot_index(now)
+        order = self.order_at(index, jobs)
+        green = order[0] if order else None
+        bands = dict(zip(order, fold_bands(len(order), ps_bands), strict=True))
+        since = next_change = None
+        if green is not None:
+            cycle = max(1, len(self.slots))
+            back = 0
+            while back < cycle and self._green_at(index - back - 1, jobs) == green:
+                back += 1
+            since = self.epoch + (index - back) * self.slot_s
+            ahead = 1
+            while ahead <= cycle and self._green_at(index + ahead, jobs) == green:
+                ahead += 1
+            if ahead <= cycle:
+                next_change = self.epoch + (index + ahead) * self.slot_s
+        return BandPlan(
+            bands=bands,
+            order=order,
+            green=green,
+            green_since=since,
+            next_change_at=next_change,
+            rotated=green != previous,
+            generation=self.generation,
+        )
+
+    def _green_at(self, index: int, jobs: frozenset[str] | set[str]) -> str | None:
+        order = self.order_at(index, jobs)
+        return order[0] if order else None
+
+
+@dataclass
+class PlanFollower:
+    """Follows the controller's plan while its lease runs; the local policy otherwise."""
+
+    local: BandPolicy
+    plan: HostSchedule | None = None
+    stale_plans: int = 0
+    _green: str | None = field(default=None, init=False)
+
+    def offer(self, plan: HostSchedule) -> bool:
+        """Take a plan unless it is older than the one held (a replay); the same version
+        again renews the lease."""
+        if self.plan is not None and plan.version < self.plan.version:
+            self.stale_plans += 1
+            return False
+        self.plan = plan
+        return True
+
+    def following(self, now: float) -> bool:
+        return self.plan is not None and now < self.plan.lease_until
+
+    def evaluate(self, now: float, jobs: set[str] | frozenset[str]) -> BandPlan:
+        if self.plan is not None and now < self.plan.lease_until:
+            result = self.plan.evaluate(now, jobs, self.local.ps_bands, self._green)
+            lease_end = self.plan.lease_until
+            if result.next_change_at is None or lease_end < result.next_change_at:
+                result = replace(result, next_change_at=lease_end)
+        else:
+            result = self.local.evaluate(now, jobs)
+            result = replace(result, rotated=result.green != self._green)
+        self._green = result.green
+        return result

@@ -1,0 +1,200 @@
+"""The agent's link to the controller: register, report every report interval, follow the
+plan stream -- in two daemon threads, handing plans to the agent through a callback.
+
+The agent dials out; it listens on no TCP port. Any failure (controller down, stream cut,
+NOT_FOUND after a controller restart) drops the session: the link backs off (0.5 s doubling
+to 10 s) and registers again. The agent keeps following the last plan it had until that
+plan's lease ends, then its local policy decides (see policy/schedule.PlanFollower).
+"""
+
+from __future__ import annotations
+
+import logging
+import threading
+import time
+from collections.abc import Callable
+from dataclasses import dataclass, field
+from typing import Any
+
+import grpc
+
+from tensorlights.model import AppliedRotation, HostReport, PlanSlots, Registration, ReportedJob
+from tensorlights.rpc import convert
+from tensorlights.rpc.convert import InvalidMessage
+from tensorlights.rpc.tls import TlsFiles, channel_credentials, channel_options, diagnose
+from tensorlights.rpc.v1 import agent_link_pb2 as pb
+from tensorlights.rpc.v1 import agent_link_pb2_grpc as pb_grpc
+
+log = logging.getLogger("tensorlights.agent.link")
+
+RPC_TIMEOUT_S = 5.0
+BACKOFF_FIRST_S = 0.5
+BACKOFF_MAX_S = 10.0
+MAX_PENDING_ROTATIONS = 256
+
+
+@dataclass
+class LinkState:
+    state: str = "connecting"
+    """connecting, connected, unreachable, unauthenticated, refused."""
+    detail: str = ""
+    session: str = ""
+    controller_incarnation: int = 0
+    plans: int = 0
+    last_plan_generation: int = 0
+    reports: int = 0
+    since: float = field(default_factory=time.time)
+
+
+class ControllerLink:
+    def __init__(
+        self,
+        address: str,
+        tls: TlsFiles,
+        server_name: str | None,
+        registration: Registration,
+        on_plan: Callable[[PlanSlots], None],
+        on_state: Callable[[LinkState], None] = lambda state: None,
+    ) -> None:
+        self.address = address
+        self.tls = tls
+        self.server_name = server_name
+        self.registration = registration
+        self._on_plan = on_plan
+        self._on_state = on_state
+        self._credentials = channel_credentials(tls)
+        self._lock = threading.Lock()
+        self._jobs: tuple[ReportedJob, ...] = ()
+        self._mode = "local"
+        self._health = ""
+        self._rotations: list[AppliedRotation] = []
+        self._stop = threading.Event()
+        self._report_now = threading.Event()
+        self._thread = threading.Thread(target=self._run, name="controller-link", daemon=True)
+        self.state = LinkState()
+
+    # Called by the agent's loop ----------------------------------------------------------
+
+    def start(self) -> None:
+        self._thread.start()
+
+    def stop(self) -> None:
+        self._stop.set()
+        self._report_now.set()
+        self._thread.join(timeout=RPC_TIMEOUT_S + 1)
+
+    def update(self, jobs: tuple[ReportedJob, ...], mode: str, health: str) -> None:
+        """What the next report says; a change of jobs is reported at once."""
+        with self._lock:
+            changed = {j.job: j.ports for j in jobs} != {j.job: j.ports for j in self._jobs}
+            self._jobs, self._mode, self._health = jobs, mode, health
+        if changed:
+            self._report_now.set()
+
+    def applied(self, rotation: AppliedRotation) -> None:
+        with self._lock:
+            self._rotations.append(rotation)
+            del self._rotations[:-MAX_PENDING_ROTATIONS]
+        self._report_now.set()
+
+    # The link thread ----------------------------------------------------------------------
+
+    def _set_state(self, state: str, detail: str = "", **values: Any) -> None:
+        changed = state != self.state.state or detail != self.state.detail
+        for key, value in values.items():
+            setattr(self.state, key, value)
+        if changed:
+            self.state.state, self.state.detail, self.state.since = state, detail, time.time()
+            if state == "connected":
+                log.info("connected to the controller at %s", self.address)
+            else:
+                log.warning("controller link %s: %s", state, detail)
+            self._on_state(self.state)
+
+    def _run(self) -> None:
+        backoff = 0.0
+        while not self._stop.is_set():
+            if backoff:
+                self._stop.wait(backoff)
+            try:
+                with grpc.secure_channel(
+                    self.address, self._credentials, channel_options(self.server_name)
+                ) as channel:
+                    self._session(pb_grpc.AgentLinkStub(channel))  # type: ignore[no-untyped-call]
+                backoff = BACKOFF_FIRST_S  # the controller ended the stream: register again
+            except grpc.RpcError as exc:
+                self._failed(exc)
+                backoff = min(BACKOFF_MAX_S, max(BACKOFF_FIRST_S, backoff * 2))
+            except InvalidMessage as exc:
+                self._set_state("refused", f"the controller sent an invalid plan: {exc}")
+                backoff = BACKOFF_MAX_S
+
+    def _failed(self, exc: grpc.RpcError) -> None:
+        code = exc.code() if isinstance(exc, grpc.Call) else grpc.StatusCode.UNKNOWN
+        details = exc.details() if isinstance(exc, grpc.Call) else str(exc)
+        if code in (grpc.StatusCode.UNAVAILABLE, grpc.StatusCode.DEADLINE_EXCEEDED):
+            reason = diagnose(self.address, self.tls, self.server_name)
+            if reason:
+                self._set_state("unauthenticated", f"UNAUTHENTICATED: {reason}", session="")
+            else:
+                self._set_state("unreachable", f"{code.name}: {details}", session="")
+        elif code in (grpc.StatusCode.UNAUTHENTICATED, grpc.StatusCode.PERMISSION_DENIED):
+            self._set_state("unauthenticated", f"{code.name}: {details}", session="")
+        elif code is grpc.StatusCode.NOT_FOUND:
+            self._set_state("connecting", "the controller lost our session: registering again")
+        else:
+            self._set_state("refused", f"{code.name}: {details}", session="")
+
+    def _session(self, stub: pb_grpc.AgentLinkStub) -> None:
+        reply = stub.Register(
+            convert.registration_message(self.registration), timeout=RPC_TIMEOUT_S
+        )
+        self._set_state(
+            "connected", session=reply.session, controller_incarnation=reply.controller_incarnation
+        )
+        interval_s = max(0.05, reply.report_interval_ms / 1000 or 1.0)
+        plans = stub.WatchPlan(pb.WatchPlanRequest(session=reply.session))
+        stream_error: list[Exception] = []
+        watcher = threading.Thread(
+            target=self._watch, args=(plans, stream_error), name="controller-plans", daemon=True
+        )
+        watcher.start()
+        seq = 0
+        try:
+            while not self._stop.is_set() and watcher.is_alive():
+                seq += 1
+                self._report(stub, reply.session, seq)
+                self._report_now.wait(interval_s)
+                self._report_now.clear()
+        finally:
+            plans.cancel()
+            watcher.join(timeout=RPC_TIMEOUT_S)
+        if stream_error and not self._stop.is_set():
+            raise stream_error[0]
+
+    def _report(self, stub: pb_grpc.AgentLinkStub, session: str, seq: int) -> None:
+        with self._lock:
+            rotations, self._rotations = self._rotations, []
+            report = HostReport(
+                session, seq, self._jobs, tuple(rotations), self._mode, self._health[:1000]
+            )
+        try:
+            stub.Report(convert.report_message(report), timeout=RPC_TIMEOUT_S)
+        except grpc.RpcError:
+            with self._lock:  # not lost: sent with the next session's first report
+                self._rotations[:0] = rotations
+            raise
+        self.state.reports += 1
+
+    def _watch(self, plans: Any, errors: list[Exception]) -> None:
+        try:
+            for message in plans:
+                plan = convert.plan_slots(message)
+                self.state.plans += 1
+                self.state.last_plan_generation = plan.generation
+                self._on_plan(plan)
+        except grpc.RpcError as exc:
+            if exc.code() is not grpc.StatusCode.CANCELLED:
+                errors.append(exc)
+        except InvalidMessage as exc:
+            errors.append(exc)

@@ -1,0 +1,231 @@
+"""Wire messages <-> model, with every incoming field validated.
+
+Parsing and validation happen here, before anything reaches the registry, so a bad message
+changes nothing: bytes that do not parse, out-of-range ports, bad names, NaN or negative
+numbers and oversized lists all raise `InvalidMessage` (the servers answer INVALID_ARGUMENT).
+"""
+
+from __future__ import annotations
+
+import math
+import re
+from collections.abc import Sequence
+from typing import TypeVar
+
+from google.protobuf.message import DecodeError, Message
+
+from tensorlights.model import (
+    MAX_PORT,
+    AppliedRotation,
+    HostReport,
+    PlanSlots,
+    Registration,
+    ReportedJob,
+)
+from tensorlights.rpc.v1 import agent_link_pb2 as pb
+
+M = TypeVar("M", bound=Message)
+
+MAX_MESSAGE_BYTES = 16 * 1024 * 1024
+"""gRPC's own receive limit; larger messages are refused by gRPC (RESOURCE_EXHAUSTED)."""
+MAX_JOBS_PER_HOST = 4096
+MAX_PORTS_PER_JOB = 65535
+MAX_ROTATIONS_PER_REPORT = 1024
+MAX_INTERFACES = 64
+MAX_TEXT = 1024
+MODES = ("plan", "local")
+POLICIES = ("fifo", "static", "rotate")
+
+_HOST = re.compile(r"^[A-Za-z0-9]([A-Za-z0-9._-]{0,252})$")
+_INTERFACE = re.compile(r"^[^/\s]{1,15}$")
+
+
+class InvalidMessage(ValueError):
+    """An incoming message that must be refused whole (INVALID_ARGUMENT)."""
+
+
+def parse(message_type: type[M], data: bytes) -> M:
+    message = message_type()
+    try:
+        message.ParseFromString(data)
+    except (DecodeError, RuntimeError) as exc:  # RuntimeError: recursion limit
+        raise InvalidMessage(f"not a {message_type.__name__}: {exc}") from exc
+    return message
+
+
+def check_host(host: str) -> str:
+    if not _HOST.match(host):
+        raise InvalidMessage(f"host {host[:80]!r} is not a host name (letters, digits, . _ -)")
+    return host
+
+
+def check_job(job: str) -> str:
+    if not job or len(job) > 256 or not job.isprintable():
+        raise InvalidMessage(f"job id {job[:80]!r} must be 1-256 printable characters")
+    return job
+
+
+def _check_count(what: str, items: Sequence[object], limit: int) -> None:
+    if len(items) > limit:
+        raise InvalidMessage(f"{len(items)} {what} (at most {limit})")
+
+
+def _check_text(what: str, text: str) -> str:
+    if len(text) > MAX_TEXT:
+        raise InvalidMessage(f"{what} is longer than {MAX_TEXT} characters")
+    return text
+
+
+def _optional_seconds(message: pb.PsJob, name: str) -> float | None:
+    if not message.HasField(name):
+        return None
+    value = float(getattr(message, name))
+    if not (math.isfinite(value) and value >= 0):
+        raise InvalidMessage(f"job {message.job}: {name} {value} must be finite and >= 0")
+    return value
+
+
+def registration(data: bytes) -> Registration:
+    message = parse(pb.RegisterRequest, data)
+    _check_count("interfaces", message.interfaces, MAX_INTERFACES)
+    interfaces = []
+    for interface in message.interfaces:
+        if not _INTERFACE.match(interface.name):
+            raise InvalidMessage(f"interface name {interface.name[:40]!r} is not a Linux name")
+        interfaces.append((interface.name, int(interface.link_rate_bps)))
+    if message.fallback_policy not in POLICIES:
+        raise InvalidMessage(f"fallback_policy must be one of {', '.join(POLICIES)}")
+    if message.agent_incarnation == 0:
+        raise InvalidMessage("agent_incarnation must be set")
+    return Registration(
+        host=check_host(message.host),
+        incarnation=int(message.agent_incarnation),
+        agent_version=_check_text("agent_version", message.agent_version),
+        interfaces=tuple(interfaces),
+        fallback_policy=message.fallback_policy,
+    )
+
+
+def report(data: bytes) -> HostReport:
+    message = parse(pb.AgentReport, data)
+    _check_count("jobs", message.jobs, MAX_JOBS_PER_HOST)
+    _check_count("rotations", message.rotations, MAX_ROTATIONS_PER_REPORT)
+    jobs: dict[str, ReportedJob] = {}
+    for job in message.jobs:
+        name = check_job(job.job)
+        if name in jobs:
+            raise InvalidMessage(f"job {name} is listed twice")
+        _check_count(f"ports for job {name}", job.ports, MAX_PORTS_PER_JOB)
+        bad = [port for port in job.ports if not 1 <= port <= MAX_PORT]
+        if bad:
+            raise InvalidMessage(f"job {name}: ports {bad[:5]} are outside 1..{MAX_PORT}")
+        jobs[name] = ReportedJob(
+            job=name,
+            ports=frozenset(job.ports),
+            processes=job.processes,
+            connections=job.connections,
+            spread_s=_optional_seconds(job, "spread_s"),
+            period_s=_optional_seconds(job, "period_s"),
+        )
+    rotations = []
+    for rotation in message.rotations:
+        rotations.append(
+            AppliedRotation(
+                green=check_job(rotation.green),
+                applied_at=rotation.applied_unix_ns / 1e9,
+                generation=int(rotation.plan_generation),
+            )
+        )
+    if message.mode not in MODES:
+        raise InvalidMessage(f"mode must be one of {', '.join(MODES)}")
+    if not message.session:
+        raise InvalidMessage("session must be set (register first)")
+    return HostReport(
+        session=_check_text("session", message.session),
+        seq=int(message.seq),
+        jobs=tuple(jobs.values()),
+        rotations=tuple(rotations),
+        mode=message.mode,
+        health=_check_text("health", message.health),
+    )
+
+
+def watch_plan_session(data: bytes) -> str:
+    session = parse(pb.WatchPlanRequest, data).session
+    if not session:
+        raise InvalidMessage("session must be set (register first)")
+    return _check_text("session", session)
+
+
+# Outgoing (controller -> agent) and the agent's side of them --------------------------------
+
+
+def plan_message(plan: PlanSlots) -> pb.HostPlan:
+    return pb.HostPlan(
+        controller_incarnation=plan.incarnation,
+        generation=plan.generation,
+        lease_ms=round(plan.lease_s * 1000),
+        epoch_unix_ns=round(plan.epoch * 1e9),
+        slot_ms=round(plan.slot_s * 1000),
+        slots=[pb.SlotOrder(order=list(order)) for order in plan.slots],
+    )
+
+
+def plan_slots(message: pb.HostPlan) -> PlanSlots:
+    """A plan as the agent receives it, checked as strictly as the controller's input."""
+    if message.slot_ms == 0 or message.lease_ms == 0:
+        raise InvalidMessage("plan without slot length or lease")
+    _check_count("slots", message.slots, 4096)
+    slots = []
+    for slot in message.slots:
+        _check_count("jobs in a slot", slot.order, MAX_JOBS_PER_HOST)
+        slots.append(tuple(check_job(job) for job in slot.order))
+    return PlanSlots(
+        incarnation=int(message.controller_incarnation),
+        generation=int(message.generation),
+        lease_s=message.lease_ms / 1000,
+        epoch=message.epoch_unix_ns / 1e9,
+        slot_s=message.slot_ms / 1000,
+        slots=tuple(slots),
+    )
+
+
+def registration_message(reg: Registration) -> pb.RegisterRequest:
+    return pb.RegisterRequest(
+        host=reg.host,
+        agent_incarnation=reg.incarnation,
+        agent_version=reg.agent_version,
+        interfaces=[pb.Interface(name=n, link_rate_bps=r) for n, r in reg.interfaces],
+        fallback_policy=reg.fallback_policy,
+    )
+
+
+def report_message(report: HostReport) -> pb.AgentReport:
+    jobs = []
+    for job in report.jobs:
+        message = pb.PsJob(
+            job=job.job,
+            ports=sorted(job.ports),
+            processes=job.processes,
+            connections=job.connections,
+        )
+        if job.spread_s is not None:
+            message.spread_s = job.spread_s
+        if job.period_s is not None:
+            message.period_s = job.period_s
+        jobs.append(message)
+    return pb.AgentReport(
+        session=report.session,
+        seq=report.seq,
+        jobs=jobs,
+        rotations=[
+            pb.Rotation(
+                green=r.green,
+                applied_unix_ns=round(r.applied_at * 1e9),
+                plan_generation=r.generation,
+            )
+            for r in report.rotations
+        ],
+        mode=report.mode,
+        health=report.health,
+    )

@@ -1,0 +1,115 @@
+from google.protobuf.internal import containers as _containers
+from google.protobuf import descriptor as _descriptor
+from google.protobuf import message as _message
+from collections.abc import Iterable as _Iterable, Mapping as _Mapping
+from typing import ClassVar as _ClassVar, Optional as _Optional, Union as _Union
+
+DESCRIPTOR: _descriptor.FileDescriptor
+
+class Interface(_message.Message):
+    __slots__ = ("name", "link_rate_bps")
+    NAME_FIELD_NUMBER: _ClassVar[int]
+    LINK_RATE_BPS_FIELD_NUMBER: _ClassVar[int]
+    name: str
+    link_rate_bps: int
+    def __init__(self, name: _Optional[str] = ..., link_rate_bps: _Optional[int] = ...) -> None: ...
+
+class RegisterRequest(_message.Message):
+    __slots__ = ("host", "agent_incarnation", "agent_version", "interfaces", "fallback_policy")
+    HOST_FIELD_NUMBER: _ClassVar[int]
+    AGENT_INCARNATION_FIELD_NUMBER: _ClassVar[int]
+    AGENT_VERSION_FIELD_NUMBER: _ClassVar[int]
+    INTERFACES_FIELD_NUMBER: _ClassVar[int]
+    FALLBACK_POLICY_FIELD_NUMBER: _ClassVar[int]
+    host: str
+    agent_incarnation: int
+    agent_version: str
+    interfaces: _containers.RepeatedCompositeFieldContainer[Interface]
+    fallback_policy: str
+    def __init__(self, host: _Optional[str] = ..., agent_incarnation: _Optional[int] = ..., agent_version: _Optional[str] = ..., interfaces: _Optional[_Iterable[_Union[Interface, _Mapping]]] = ..., fallback_policy: _Optional[str] = ...) -> None: ...
+
+class RegisterReply(_message.Message):
+    __slots__ = ("session", "controller_incarnation", "report_interval_ms")
+    SESSION_FIELD_NUMBER: _ClassVar[int]
+    CONTROLLER_INCARNATION_FIELD_NUMBER: _ClassVar[int]
+    REPORT_INTERVAL_MS_FIELD_NUMBER: _ClassVar[int]
+    session: str
+    controller_incarnation: int
+    report_interval_ms: int
+    def __init__(self, session: _Optional[str] = ..., controller_incarnation: _Optional[int] = ..., report_interval_ms: _Optional[int] = ...) -> None: ...
+
+class PsJob(_message.Message):
+    __slots__ = ("job", "ports", "processes", "connections", "spread_s", "period_s")
+    JOB_FIELD_NUMBER: _ClassVar[int]
+    PORTS_FIELD_NUMBER: _ClassVar[int]
+    PROCESSES_FIELD_NUMBER: _ClassVar[int]
+    CONNECTIONS_FIELD_NUMBER: _ClassVar[int]
+    SPREAD_S_FIELD_NUMBER: _ClassVar[int]
+    PERIOD_S_FIELD_NUMBER: _ClassVar[int]
+    job: str
+    ports: _containers.RepeatedScalarFieldContainer[int]
+    processes: int
+    connections: int
+    spread_s: float
+    period_s: float
+    def __init__(self, job: _Optional[str] = ..., ports: _Optional[_Iterable[int]] = ..., processes: _Optional[int] = ..., connections: _Optional[int] = ..., spread_s: _Optional[float] = ..., period_s: _Optional[float] = ...) -> None: ...
+
+class Rotation(_message.Message):
+    __slots__ = ("green", "applied_unix_ns", "plan_generation")
+    GREEN_FIELD_NUMBER: _ClassVar[int]
+    APPLIED_UNIX_NS_FIELD_NUMBER: _ClassVar[int]
+    PLAN_GENERATION_FIELD_NUMBER: _ClassVar[int]
+    green: str
+    applied_unix_ns: int
+    plan_generation: int
+    def __init__(self, green: _Optional[str] = ..., applied_unix_ns: _Optional[int] = ..., plan_generation: _Optional[int] = ...) -> None: ...
+
+class AgentReport(_message.Message):
+    __slots__ = ("session", "seq", "jobs", "rotations", "mode", "health")
+    SESSION_FIELD_NUMBER: _ClassVar[int]
+    SEQ_FIELD_NUMBER: _ClassVar[int]
+    JOBS_FIELD_NUMBER: _ClassVar[int]
+    ROTATIONS_FIELD_NUMBER: _ClassVar[int]
+    MODE_FIELD_NUMBER: _ClassVar[int]
+    HEALTH_FIELD_NUMBER: _ClassVar[int]
+    session: str
+    seq: int
+    jobs: _containers.RepeatedCompositeFieldContainer[PsJob]
+    rotations: _containers.RepeatedCompositeFieldContainer[Rotation]
+    mode: str
+    health: str
+    def __init__(self, session: _Optional[str] = ..., seq: _Optional[int] = ..., jobs: _Optional[_Iterable[_Union[PsJob, _Mapping]]] = ..., rotations: _Optional[_Iterable[_Union[Rotation, _Mapping]]] = ..., mode: _Optional[str] = ..., health: _Optional[str] = ...) -> None: ...
+
+class ReportReply(_message.Message):
+    __slots__ = ("seq",)
+    SEQ_FIELD_NUMBER: _ClassVar[int]
+    seq: int
+    def __init__(self, seq: _Optional[int] = ...) -> None: ...
+
+class WatchPlanRequest(_message.Message):
+    __slots__ = ("session",)
+    SESSION_FIELD_NUMBER: _ClassVar[int]
+    session: str
+    def __init__(self, session: _Optional[str] = ...) -> None: ...
+
+class HostPlan(_message.Message):
+    __slots__ = ("controller_incarnation", "generation", "lease_ms", "epoch_unix_ns", "slot_ms", "slots")
+    CONTROLLER_INCARNATION_FIELD_NUMBER: _ClassVar[int]
+    GENERATION_FIELD_NUMBER: _ClassVar[int]
+    LEASE_MS_FIELD_NUMBER: _ClassVar[int]
+    EPOCH_UNIX_NS_FIELD_NUMBER: _ClassVar[int]
+    SLOT_MS_FIELD_NUMBER: _ClassVar[int]
+    SLOTS_FIELD_NUMBER: _ClassVar[int]
+    controller_incarnation: int
+    generation: int
+    lease_ms: int
+    epoch_unix_ns: int
+    slot_ms: int
+    slots: _containers.RepeatedCompositeFieldContainer[SlotOrder]
+    def __init__(self, controller_incarnation: _Optional[int] = ..., generation: _Optional[int] = ..., lease_ms: _Optional[int] = ..., epoch_unix_ns: _Optional[int] = ..., slot_ms: _Optional[int] = ..., slots: _Optional[_Iterable[_Union[SlotOrder, _Mapping]]] = ...) -> None: ...
+
+class SlotOrder(_message.Message):
+    __slots__ = ("order",)
+    ORDER_FIELD_NUMBER: _ClassVar[int]
+    order: _containers.RepeatedScalarFieldContainer[str]
+    def __init__(self, order: _Optional[_Iterable[str]] = ...) -> None: ...

@@ -1,0 +1,244 @@
+"""The real controller with real agents on an emulated cluster: coordinated rotation across
+hosts, lease fallback and reconvergence, mTLS refusals, tlctl (views, EACCES)."""
+
+from __future__ import annotations
+
+import json
+import subprocess
+import tempfile
+import time
+from collections.abc import Iterator
+from pathlib import Path
+from typing import Any
+
+import pytest
+
+from tensorlights.testbed.cluster import Cluster, cluster
+from tensorlights.testbed.psjob import tf_job_id, tf_launcher_env
+from tensorlights.testbed.socket_holder import Holder, start_holder
+
+from .agentproc import AgentProcess
+from .controllerproc import TLCTL, ControllerProcess, agent_config, expired_copy, make_pki
+
+pytestmark = pytest.mark.root
+
+HOSTS = ["ctl", "ps1", "ps2"]
+PORT = 9740
+SKEW_LIMIT_S = 0.050
+
+
+def multi_host_env(index: int) -> dict[str, str]:
+    """Job X: one PS on ps1 (index 0) and one on ps2 (index 1), one TF cluster spec."""
+    spec = {"ps": ["ps1:2222", "ps2:2222"], "worker": ["w0:2222"]}
+    return {"TF_CONFIG": json.dumps({"cluster": spec, "task": {"type": "ps", "index": index}})}
+
+
+@pytest.fixture
+def testbed(tmp_path: Path) -> Iterator[tuple[Cluster, Path]]:
+    pki = make_pki(tmp_path / "pki", ["10.78.0.1"], ["ps1", "ps2"])
+    with cluster(HOSTS) as built:
+        yield built, pki
+
+
+def start_jobs(c: Cluster) -> tuple[list[Holder], dict[str, str]]:
+    """X on ps1+ps2, Y on ps1, Z on ps2; their job ids."""
+    holders = []
+    for host, env in (
+        ("ps1", multi_host_env(0)),
+        ("ps2", multi_host_env(1)),
+        ("ps1", tf_launcher_env("y", 1)),
+        ("ps2", tf_launcher_env("z", 1)),
+    ):
+        h = c.hosts[host]
+        holders.append(
+            start_holder(env, "--host", h.ipv4, "--connections", "2", prefix=h.exec_args())
+        )
+    from tensorlights.discovery.rules import launcher_job
+
+    found = launcher_job(multi_host_env(0))
+    assert found is not None
+    return holders, {"X": found[0], "Y": tf_job_id("y", 1), "Z": tf_job_id("z", 1)}
+
+
+def start_agents(c: Cluster, pki: Path, tmp_path: Path, pki_of: dict[str, Path] | None = None,
+                 ) -> dict[str, AgentProcess]:  # fmt: skip
+    agents = {}
+    for name in ("ps1", "ps2"):
+        workdir = tmp_path / name
+        workdir.mkdir(exist_ok=True)
+        agent_config(workdir / "agent.toml", f"10.78.0.1:{PORT}", (pki_of or {}).get(name, pki),
+                     name, ca=pki / "ca.pem")  # fmt: skip
+        agents[name] = AgentProcess(
+            c.hosts[name], workdir, "--interval", "1s", "--policy", "rotate", standalone=False
+        )
+    return agents
+
+
+def start_controller(c: Cluster, pki: Path, tmp_path: Path) -> ControllerProcess:
+    workdir = tmp_path / "ctl"
+    workdir.mkdir(exist_ok=True)
+    return ControllerProcess(
+        c.hosts["ctl"], workdir, pki, "--slot", "1s", "--lease", "3s", listen=f"10.78.0.1:{PORT}"
+    )
+
+
+def following(document: dict[str, Any], jobs: int) -> bool:
+    return document.get("mode") == "plan" and len(document.get("order", [])) == jobs
+
+
+def applied_switches(agent: AgentProcess, since: float) -> list[tuple[float, str, int]]:
+    status = agent.status()
+    assert status is not None
+    return [
+        (entry["applied"], entry["job"], entry["plan"])
+        for entry in status["rotations"]["recent"]
+        if entry["applied"] >= since and entry["plan"]
+    ]
+
+
+def test_a_multi_host_job_is_green_on_both_hosts_at_once(
+    testbed: tuple[Cluster, Path], tmp_path: Path
+) -> None:
+    c, pki = testbed
+    holders, ids = start_jobs(c)
+    controller = start_controller(c, pki, tmp_path)
+    agents = start_agents(c, pki, tmp_path)
+    try:
+        for agent in agents.values():
+            agent.wait_status(lambda d: following(d, 2), deadline_s=30)
+        start = time.time()
+        time.sleep(6.5)  # six 1 s slots: the light moves on both hosts at every boundary
+        switches = {name: applied_switches(agent, start) for name, agent in agents.items()}
+        print(switches)
+        assert len(switches["ps1"]) >= 5 and len(switches["ps2"]) >= 5, switches
+        skews = []
+        for at, job, _ in switches["ps1"]:
+            nearest_at, nearest_job, _ = min(switches["ps2"], key=lambda s: abs(s[0] - at))
+            skews.append(abs(nearest_at - at))
+            # X is green on both at once; when Y is green on ps1, Z is on ps2.
+            assert {job, nearest_job} in ({ids["X"]}, {ids["Y"], ids["Z"]}), (job, nearest_job)
+        assert max(skews) <= SKEW_LIMIT_S, skews
+
+        jobs = {job["job"]: job for job in controller.query("jobs")}
+        assert jobs[ids["X"]]["ps_hosts"] == ["ps1", "ps2"]
+        assert jobs[ids["X"]]["green_share"] == 0.5
+        assert jobs[ids["Y"]]["ps_hosts"] == ["ps1"] and jobs[ids["Y"]]["sources"] == ["agent"]
+        hosts = {host["host"]: host for host in controller.query("hosts")}
+        assert all(hosts[h]["connected"] and hosts[h]["mode"] == "plan" for h in ("ps1", "ps2"))
+        rotations = controller.query("rotations", "ps1")
+        (ps1,) = rotations["hosts"]
+        assert ps1["green"] in (ids["X"], ids["Y"]) and ps1["next"] in (ids["X"], ids["Y"])
+        assert ps1["green"] != ps1["next"] and ps1["next_at"] > rotations["at"]
+        assert ps1["recent"], "the agent's applied changes reach the controller"
+        table = controller.tlctl("rotations")
+        assert table.returncode == 0 and "ps2" in table.stdout and "NEXT" in table.stdout
+        watched = controller.tlctl("watch", "--json", "--count", "2", "--interval", "200ms")
+        views = [json.loads(line) for line in watched.stdout.splitlines()]
+        assert len(views) == 2 and {h["host"] for h in views[0]["hosts"]} == {"ps1", "ps2"}
+    finally:
+        for agent in agents.values():
+            agent.stop()
+        controller.stop()
+        for holder in holders:
+            holder.stop()
+    print(f"skew between the two agents' switches: max {max(skews) * 1000:.1f} ms")
+
+
+def test_partition_keeps_the_plan_for_its_lease_then_falls_back_and_reconverges(
+    testbed: tuple[Cluster, Path], tmp_path: Path
+) -> None:
+    c, pki = testbed
+    holders, _ = start_jobs(c)
+    controller = start_controller(c, pki, tmp_path)
+    agents = start_agents(c, pki, tmp_path)
+    try:
+        for agent in agents.values():
+            agent.wait_status(lambda d: following(d, 2), deadline_s=30)
+        first_generation = agents["ps1"].status()["plan_generation"]  # type: ignore[index]
+        controller.stop(kill=True)
+        lost = time.monotonic()
+        # Still the plan within its lease (3 s), then the local policy.
+        assert agents["ps1"].status()["mode"] == "plan"  # type: ignore[index]
+        agents["ps1"].wait_status(lambda d: d.get("mode") == "local", deadline_s=10)
+        assert time.monotonic() - lost >= 2.0
+        assert agents["ps1"].status()["controller"]["state"] == "unreachable"  # type: ignore[index]
+        # A new controller rebuilds its state from the agents' re-registration.
+        controller = start_controller(c, pki, tmp_path)
+        for agent in agents.values():
+            agent.wait_status(lambda d: following(d, 2), deadline_s=30)
+        controller.wait(
+            lambda: (
+                {h["host"] for h in controller.query("hosts") if h["connected"]} == {"ps1", "ps2"}
+            ),
+            what="both hosts back",
+        )
+        assert len(controller.query("jobs")) == 3
+        assert agents["ps1"].status()["plan_generation"] >= 1  # type: ignore[index]
+        assert first_generation >= 1
+    finally:
+        for agent in agents.values():
+            agent.stop()
+        controller.stop()
+        for holder in holders:
+            holder.stop()
+
+
+def test_wrong_ca_and_expired_certificates_are_refused_and_change_nothing(
+    testbed: tuple[Cluster, Path], tmp_path: Path
+) -> None:
+    c, pki = testbed
+    other = make_pki(tmp_path / "other-ca", [], ["ps1"])
+    expired = expired_copy(pki, tmp_path / "expired", "ps2")
+    controller = start_controller(c, pki, tmp_path)
+    agents = start_agents(c, pki, tmp_path, pki_of={"ps1": other, "ps2": expired})
+    try:
+        for agent in agents.values():
+            status = agent.wait_status(
+                lambda d: (d.get("controller") or {}).get("state") == "unauthenticated"
+            )
+            assert "UNAUTHENTICATED" in status["controller"]["detail"]
+            assert "refused our client certificate" in status["controller"]["detail"]
+            assert status["mode"] == "local"
+        assert controller.query("hosts") == []
+        # tlctl over TLS (from the controller's host) with another CA's certificate.
+        result = subprocess.run(
+            c.hosts["ctl"].exec_args(
+                *TLCTL, "--controller", f"10.78.0.1:{PORT}", "--ca", str(pki / "ca.pem"),
+                "--cert", str(other / "ps1.pem"), "--key", str(other / "ps1.key"), "hosts",
+            ),
+            capture_output=True, text=True, timeout=30,
+        )  # fmt: skip
+        assert result.returncode == 1 and "UNAUTHENTICATED" in result.stderr, result.stderr
+        good = subprocess.run(
+            c.hosts["ctl"].exec_args(
+                *TLCTL, "--controller", f"10.78.0.1:{PORT}", "--ca", str(pki / "ca.pem"),
+                "--cert", str(pki / "operator.pem"), "--key", str(pki / "operator.key"),
+                "hosts", "--json",
+            ),
+            capture_output=True, text=True, timeout=30,
+        )  # fmt: skip
+        assert good.returncode == 0 and json.loads(good.stdout) == [], good.stderr
+    finally:
+        for agent in agents.values():
+            agent.stop()
+        controller.stop()
+
+
+def test_tlctl_as_an_unprivileged_user_gets_eacces(
+    testbed: tuple[Cluster, Path], tmp_path: Path
+) -> None:
+    c, pki = testbed
+    public = Path(tempfile.mkdtemp(prefix="tl-sock-"))  # traversable: only the socket may refuse
+    public.chmod(0o755)
+    controller = ControllerProcess(
+        c.hosts["ctl"], tmp_path, pki, listen=f"10.78.0.1:{PORT}", socket=public / "ctl.sock"
+    )
+    try:
+        assert (controller.socket.stat().st_mode & 0o777) == 0o600
+        result = controller.tlctl("hosts", uid=65534)
+        assert result.returncode == 1
+        assert "EACCES" in result.stderr and "permission denied" in result.stderr
+        assert controller.tlctl("hosts").returncode == 0
+    finally:
+        controller.stop()
+        public.rmdir()

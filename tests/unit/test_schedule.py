@@ -1,0 +1,126 @@
+"""Coordinated schedule (controller side) and plan following (agent side), pure."""
+
+from __future__ import annotations
+
+from hypothesis import given, settings
+from hypothesis import strategies as st
+
+from tensorlights.policy.bands import BandPolicy, PolicyName
+from tensorlights.policy.schedule import (
+    HostSchedule,
+    PlanFollower,
+    build_schedule,
+    host_orders,
+)
+
+membership = st.dictionaries(
+    st.text("abcdefgh", min_size=1, max_size=3),
+    st.frozensets(st.sampled_from([f"h{i}" for i in range(8)]), min_size=1, max_size=4),
+    max_size=25,
+)
+
+
+@settings(max_examples=300, deadline=None)
+@given(membership)
+def test_every_job_is_green_on_all_its_hosts_at_once_and_no_host_has_two(
+    ps_hosts: dict[str, frozenset[str]],
+) -> None:
+    schedule = build_schedule(ps_hosts)
+    assert set(schedule.green_slots) == set(ps_hosts)
+    for job, slots in schedule.green_slots.items():
+        assert slots, f"{job} is never green"
+        for slot in slots:
+            assert job in schedule.slots[slot]
+    for slot in schedule.slots:
+        seen: set[str] = set()
+        for job in slot:
+            assert not seen & ps_hosts[job], "two green jobs on one host"
+            seen |= ps_hosts[job]
+    # No more slots than the busiest host needs plus what colouring can cost (Brooks' bound).
+    busiest = max((sum(h in hosts for hosts in ps_hosts.values()) for h in range(8)), default=0)
+    degree = max(
+        (sum(bool(a & b) for k, b in ps_hosts.items() if k != j) for j, a in ps_hosts.items()),
+        default=0,
+    )
+    assert busiest <= len(schedule.slots) <= degree + 1
+
+
+@settings(max_examples=200, deadline=None)
+@given(membership)
+def test_each_host_order_starts_with_the_slots_green_job(
+    ps_hosts: dict[str, frozenset[str]],
+) -> None:
+    schedule = build_schedule(ps_hosts)
+    for host in {h for hosts in ps_hosts.values() for h in hosts}:
+        jobs = {job for job, hosts in ps_hosts.items() if host in hosts}
+        orders = host_orders(schedule, jobs)
+        assert orders
+        for slot, green in enumerate(schedule.slots):
+            order = orders[slot % len(orders)]
+            assert sorted(order) == sorted(jobs)
+            here = green & jobs
+            if here:
+                assert order[0] in here
+
+
+def test_a_multi_host_job_shares_slots_with_jobs_elsewhere() -> None:
+    schedule = build_schedule({"big": {"a", "b"}, "a1": {"a"}, "b1": {"b"}, "b2": {"b"}})
+    # b has three jobs: three slots; "big" green in one of them on both hosts at once.
+    assert len(schedule.slots) == 3
+    assert len(schedule.green_slots["big"]) == 1
+    # Host a has only two jobs, so a1 fills the third slot too: a is never without green.
+    assert schedule.share("a1") == 2 / 3
+    assert schedule.share("b1") == schedule.share("b2") == 1 / 3
+
+
+def test_host_orders_put_who_is_next_second() -> None:
+    schedule = build_schedule({"x": {"h"}, "y": {"h"}, "z": {"h"}})
+    orders = host_orders(schedule, {"x", "y", "z"})
+    assert [order[0] for order in orders] == ["x", "y", "z"]
+    assert orders[0] == ("x", "y", "z") and orders[2] == ("z", "x", "y")
+    assert host_orders(schedule, {"x"}) == (("x",),)  # one job: the cycle collapses
+
+
+def plan(epoch: float = 100.0, lease: float = 1000.0, generation: int = 1) -> HostSchedule:
+    return HostSchedule(
+        incarnation=1,
+        generation=generation,
+        epoch=epoch,
+        slot_s=2.0,
+        slots=(("a", "b"), ("b", "a")),
+        lease_until=lease,
+    )
+
+
+def test_plan_slots_follow_the_epoch_and_give_exact_boundaries() -> None:
+    p = plan()
+    result = p.evaluate(101.0, {"a", "b"}, 6, None)
+    assert result.green == "a" and result.bands == {"a": 0, "b": 1}
+    assert result.green_since == 100.0 and result.next_change_at == 102.0
+    later = p.evaluate(103.5, {"a", "b"}, 6, "a")
+    assert later.green == "b" and later.rotated and later.green_since == 102.0
+    # A slot before the epoch is part of the same cycle.
+    assert p.evaluate(99.0, {"a", "b"}, 6, None).green == "b"
+
+
+def test_jobs_missing_here_are_skipped_and_new_ones_go_last() -> None:
+    result = plan().evaluate(101.0, {"b", "new"}, 6, None)
+    assert result.order == ("b", "new")
+    # With only b present it stays green across slots: no boundary to wake for.
+    assert result.next_change_at is None
+
+
+def test_follower_rejects_older_plans_and_falls_back_when_the_lease_lapses() -> None:
+    follower = PlanFollower(BandPolicy(PolicyName.STATIC))
+    assert follower.offer(plan(generation=5, lease=150.0))
+    assert not follower.offer(plan(generation=4, lease=500.0))
+    assert follower.stale_plans == 1
+    assert follower.offer(plan(generation=5, lease=160.0))  # same version: a renewal
+    during = follower.evaluate(103.0, {"a", "b"})
+    assert during.generation == 5 and during.green == "b"
+    # The wake-up is capped by the lease end.
+    near_end = follower.evaluate(159.5, {"a", "b"})
+    assert near_end.next_change_at == 160.0
+    after = follower.evaluate(161.0, {"a", "b"})
+    assert after.generation == 0 and after.green == "a"  # static: arrival order
+    assert after.rotated == (near_end.green != "a")
