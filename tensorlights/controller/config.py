@@ -15,7 +15,7 @@ from tensorlights.rpc.tls import TlsFiles
 
 DEFAULT_CONFIG = Path("/etc/tensorlights/controller.toml")
 DEFAULT_LISTEN = "0.0.0.0:9740"
-DEFAULT_SOCKET = Path("/run/tensorlights/controller.sock")
+DEFAULT_SOCKET = Path("/run/tensorlights-controller/tlctl.sock")
 DEFAULT_METRICS = "127.0.0.1:9741"
 DEFAULT_STATE_DIR = Path("/var/lib/tensorlights-controller")
 

@@ -32,6 +32,17 @@ class Schedule:
     green_slots: Mapping[str, tuple[int, ...]]
     """Job -> the slots in which it is green (every job has at least one)."""
 
+    _waits: dict[str, tuple[int, ...]] = field(default_factory=dict, compare=False, repr=False)
+
+    def waits(self, job: str) -> tuple[int, ...]:
+        """For each slot, how many slots until `job` is green (0: green in it); cached."""
+        cached = self._waits.get(job)
+        if cached is None:
+            count, greens = len(self.slots), self.green_slots[job]
+            cached = tuple(min((g - slot) % count for g in greens) for slot in range(count))
+            self._waits[job] = cached
+        return cached
+
     def share(self, job: str) -> float:
         """Share of the cycle the job is green."""
         return len(self.green_slots.get(job, ())) / len(self.slots) if self.slots else 0.0
@@ -95,13 +106,10 @@ def host_orders(schedule: Schedule, host_jobs: Iterable[str]) -> tuple[tuple[str
     count = len(schedule.slots)
     if not jobs or count == 0:
         return ()
-    orders = []
-    for slot in range(count):
-
-        def wait(job: str, slot: int = slot) -> tuple[int, str]:
-            return min((g - slot) % count for g in schedule.green_slots[job]), job
-
-        orders.append(tuple(sorted(jobs, key=wait)))
+    if len(jobs) == 1:
+        return ((jobs[0],),)
+    waits = {job: schedule.waits(job) for job in jobs}
+    orders = [tuple(sorted(jobs, key=lambda j: waits[j][slot])) for slot in range(count)]
     if all(order == orders[0] for order in orders):
         return (orders[0],)
     return tuple(orders)

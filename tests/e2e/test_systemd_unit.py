@@ -4,13 +4,10 @@ real NOTIFY_SOCKET (no systemd as PID 1 on these machines)."""
 from __future__ import annotations
 
 import configparser
-import os
 import shlex
 import shutil
-import socket
 import subprocess
 import sys
-import time
 from pathlib import Path
 
 import pytest
@@ -19,6 +16,7 @@ from tensorlights.testbed import netns
 from tensorlights.testbed.socket_holder import clean_env
 
 from ..functional.tcutil import root_qdisc
+from .notify import NotifyReceiver
 
 UNIT = Path(__file__).parents[2] / "systemd" / "tensorlights-agent.service"
 INSTALLED_AGENT = "/opt/tensorlights/venv/bin/tensorlights-agent"
@@ -55,17 +53,23 @@ def test_unit_declares_notify_watchdog_restart_and_least_privilege() -> None:
 
 
 @pytest.mark.skipif(shutil.which("systemd-analyze") is None, reason="no systemd-analyze")
-def test_unit_file_verifies(tmp_path: Path) -> None:
-    # verify also checks that ExecStart's binary exists: point it at this checkout's agent.
-    unit = tmp_path / "tensorlights-agent.service"
-    unit.write_text(UNIT.read_text().replace(INSTALLED_AGENT, OUR_AGENT))
+@pytest.mark.parametrize("name", ["agent", "controller"])
+def test_unit_file_verifies(tmp_path: Path, name: str) -> None:
+    # verify also checks that ExecStart's binary exists: point it at this checkout's.
+    source = UNIT.parent / f"tensorlights-{name}.service"
+    unit = tmp_path / source.name
+    installed, ours = (
+        f"/opt/tensorlights/venv/bin/tensorlights-{name}",
+        OUR_AGENT.replace("tensorlights-agent", f"tensorlights-{name}"),
+    )
+    unit.write_text(source.read_text().replace(installed, ours))
     result = subprocess.run(
         ["systemd-analyze", "verify", str(unit)], capture_output=True, text=True, timeout=60
     )
     problems = [
         line
         for line in result.stderr.splitlines()
-        if "tensorlights-agent.service" in line and "Failed to" not in line
+        if source.name in line and "Failed to" not in line
     ]
     assert result.returncode == 0 and not problems, result.stderr
 
@@ -81,36 +85,20 @@ def test_execstart_line_runs_with_notify_socket(pair: netns.HostPair, tmp_path: 
     command = [OUR_AGENT if part == INSTALLED_AGENT else part for part in command]
     command[command.index("/etc/tensorlights/agent.toml")] = str(config)
 
-    notify_path = tmp_path / "notify.sock"
-    receiver = socket.socket(socket.AF_UNIX, socket.SOCK_DGRAM)
-    receiver.bind(str(notify_path))
-    receiver.settimeout(0.5)
-    env = clean_env({"NOTIFY_SOCKET": str(notify_path)})
+    receiver = NotifyReceiver(tmp_path / "notify.sock")
+    env = clean_env({"NOTIFY_SOCKET": str(receiver.path)})
     agent = subprocess.Popen(pair.a.exec_args(*command), env=env, stderr=subprocess.PIPE)
-    messages: list[str] = []
     try:
-        deadline = time.monotonic() + 20
-        while time.monotonic() < deadline and not (
-            "READY=1" in messages and messages.count("WATCHDOG=1") >= 3
-        ):
-            try:
-                messages += receiver.recv(4096).decode().split("\n")
-            except TimeoutError:
-                assert agent.poll() is None, agent.stderr.read() if agent.stderr else ""
-        assert "READY=1" in messages and messages.count("WATCHDOG=1") >= 3, messages
+        receiver.wait_for(
+            lambda m: "READY=1" in m and m.count("WATCHDOG=1") >= 3, agent, deadline_s=20
+        )
         assert root_qdisc(pair.a.ns, "veth-a")["kind"] == "htb"
         agent.send_signal(15)  # what `systemctl stop` does with KillSignal=SIGTERM
         assert agent.wait(timeout=20) == 0
-        while True:
-            try:
-                messages += receiver.recv(4096).decode().split("\n")
-            except TimeoutError:
-                break
-        assert "STOPPING=1" in messages
+        assert "STOPPING=1" in receiver.drain()
         assert root_qdisc(pair.a.ns, "veth-a")["kind"] == "noqueue"
     finally:
         if agent.poll() is None:
             agent.kill()
             agent.wait()
         receiver.close()
-        os.unlink(notify_path)

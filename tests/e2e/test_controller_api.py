@@ -1,0 +1,167 @@
+"""The controller's agent API against hostile input: every bad message is refused with the
+right status and changes nothing (real controller process on loopback, real mTLS)."""
+
+from __future__ import annotations
+
+import math
+import socket
+from collections.abc import Iterator
+from pathlib import Path
+from typing import Any
+
+import grpc
+import pytest
+
+from tensorlights.rpc.v1 import agent_link_pb2 as pb
+from tensorlights.rpc.v1 import operator_pb2 as op_pb
+
+from .controllerproc import ControllerProcess, make_pki
+
+pytestmark = pytest.mark.root
+
+Code = grpc.StatusCode
+
+
+def free_port() -> int:
+    with socket.socket() as probe:
+        probe.bind(("127.0.0.1", 0))
+        return int(probe.getsockname()[1])
+
+
+@pytest.fixture
+def api(tmp_path: Path) -> Iterator[tuple[ControllerProcess, grpc.Channel]]:
+    pki = make_pki(tmp_path / "pki", ["127.0.0.1"], ["ps1"])
+    port = free_port()
+    controller = ControllerProcess(
+        None, tmp_path, pki, listen=f"127.0.0.1:{port}", metrics=f"127.0.0.1:{free_port()}"
+    )
+    credentials = grpc.ssl_channel_credentials(
+        (pki / "ca.pem").read_bytes(),
+        (pki / "ps1.key").read_bytes(),
+        (pki / "ps1.pem").read_bytes(),
+    )
+    channel = grpc.secure_channel(f"127.0.0.1:{port}", credentials)
+    try:
+        yield controller, channel
+    finally:
+        channel.close()
+        controller.stop()
+
+
+def call(channel: grpc.Channel, method: str, payload: bytes | Any) -> tuple[Code, bytes]:
+    raw = payload if isinstance(payload, bytes) else payload.SerializeToString()
+    stub = channel.unary_unary(f"/tensorlights.rpc.v1.{method}")
+    try:
+        return Code.OK, stub(raw, timeout=10)
+    except grpc.RpcError as exc:
+        return exc.code(), exc.details().encode()
+
+
+def registration(host: str = "ps1", incarnation: int = 100) -> pb.RegisterRequest:
+    return pb.RegisterRequest(
+        host=host,
+        agent_incarnation=incarnation,
+        agent_version="test",
+        interfaces=[pb.Interface(name="eth0", link_rate_bps=10**9)],
+        fallback_policy="rotate",
+    )
+
+
+def report(session: str, seq: int, *jobs: pb.PsJob, mode: str = "local") -> pb.AgentReport:
+    return pb.AgentReport(session=session, seq=seq, jobs=list(jobs), mode=mode)
+
+
+def test_bad_messages_are_refused_and_change_nothing(
+    api: tuple[ControllerProcess, grpc.Channel],
+) -> None:
+    controller, channel = api
+    assert call(channel, "AgentLink/Register", b"\xff\xff\xff\xff")[0] is Code.INVALID_ARGUMENT
+    assert call(channel, "AgentLink/Register", registration("bad host!"))[0] is (
+        Code.INVALID_ARGUMENT
+    )
+    assert call(channel, "AgentLink/Register", registration(incarnation=0))[0] is (
+        Code.INVALID_ARGUMENT
+    )
+    code, details = call(channel, "AgentLink/Register", registration("ps2"))
+    assert code is Code.PERMISSION_DENIED and b"ps1" in details  # the cert names another host
+    assert controller.query("hosts") == []
+
+    code, reply = call(channel, "AgentLink/Register", registration())
+    assert code is Code.OK
+    session = pb.RegisterReply.FromString(reply).session
+    before = (controller.query("hosts"), controller.query("jobs"))
+
+    bad_reports = [
+        report(session, 1, pb.PsJob(job="j", ports=[70000])),
+        report(session, 1, pb.PsJob(job="j", ports=[0])),
+        report(session, 1, pb.PsJob(job="j", ports=[5000], spread_s=math.nan)),
+        report(session, 1, pb.PsJob(job="j", ports=[5000], period_s=-1.0)),
+        report(session, 1, pb.PsJob(job="j", ports=list(range(1, 65536)) * 16)),  # 10^6 entries
+        report(session, 1, *[pb.PsJob(job=f"j{i}", ports=[1]) for i in range(5000)]),
+        report(session, 1, pb.PsJob(job="j", ports=[1]), pb.PsJob(job="j", ports=[2])),
+        report(session, 1, pb.PsJob(job="", ports=[1])),
+        report(session, 1, pb.PsJob(job="j\n", ports=[1])),
+        report(session, 1, pb.PsJob(job="j", ports=[1]), mode="sideways"),
+    ]
+    for bad in bad_reports:
+        code, details = call(channel, "AgentLink/Report", bad)
+        assert code is Code.INVALID_ARGUMENT, (code, details[:200])
+    assert call(channel, "AgentLink/Report", b"\x0a\xff")[0] is Code.INVALID_ARGUMENT
+    assert (controller.query("hosts"), controller.query("jobs")) == before
+
+    good = report(session, 1, pb.PsJob(job="j1", ports=[5000, 5001], processes=1))
+    assert call(channel, "AgentLink/Report", good)[0] is Code.OK
+    assert [job["job"] for job in controller.query("jobs")] == ["j1"]
+
+    # Replays: an old seq, a registration from an older agent start, an unknown session.
+    stale = report(session, 1, pb.PsJob(job="other", ports=[6000]))
+    assert call(channel, "AgentLink/Report", stale)[0] is Code.FAILED_PRECONDITION
+    assert call(channel, "AgentLink/Register", registration(incarnation=99))[0] is (
+        Code.FAILED_PRECONDITION
+    )
+    unknown = report("no-such-session", 5, pb.PsJob(job="x", ports=[7000]))
+    assert call(channel, "AgentLink/Report", unknown)[0] is Code.NOT_FOUND
+    assert [job["job"] for job in controller.query("jobs")] == ["j1"]
+    assert (
+        call(channel, "AgentLink/Report", report(session, 2, pb.PsJob(job="j1", ports=[1])))[0]
+        is Code.OK
+    )  # the session survived every refusal
+
+    # Larger than gRPC's receive limit: gRPC itself refuses it.
+    huge = report(session, 3, pb.PsJob(job="j1", ports=[1]))
+    huge.health = "x" * (17 * 1024 * 1024)
+    assert call(channel, "AgentLink/Report", huge)[0] is Code.RESOURCE_EXHAUSTED
+    code, _ = call(channel, "Operator/GetRotations", op_pb.GetRotationsRequest(upcoming=1000))
+    assert code is Code.INVALID_ARGUMENT
+
+    # The plan stream delivers this host's plan.
+    stream = channel.unary_stream("/tensorlights.rpc.v1.AgentLink/WatchPlan")(
+        pb.WatchPlanRequest(session=session).SerializeToString(), timeout=10
+    )
+    plan = pb.HostPlan.FromString(next(iter(stream)))
+    stream.cancel()
+    assert [list(slot.order) for slot in plan.slots] == [["j1"]]
+    assert plan.generation >= 1 and plan.lease_ms == 15000 and plan.slot_ms == 3000
+
+
+def test_kubernetes_jobs_reach_tlctl(tmp_path: Path) -> None:
+    from tensorlights.testbed.kube_emulator import KubeEmulator, kubeflow_pod
+
+    pki = make_pki(tmp_path / "pki", ["127.0.0.1"], [])
+    with KubeEmulator() as kube:
+        kube.pods = [
+            kubeflow_pod("ml", "bert", "PS", 0, "gpu1"),
+            kubeflow_pod("ml", "bert", "Worker", 0, "gpu2"),
+        ]
+        controller = ControllerProcess(
+            None, tmp_path, pki, "--kubernetes-url", kube.url,
+            listen=f"127.0.0.1:{free_port()}", metrics=f"127.0.0.1:{free_port()}",
+        )  # fmt: skip
+        try:
+            controller.wait(lambda: bool(controller.query("jobs")), what="the Kubeflow job")
+            (job,) = controller.query("jobs")
+            assert job["job"] == "k8s/ml/bert" and job["sources"] == ["kubernetes"]
+            assert job["nodes"] == ["gpu1", "gpu2"]
+            assert job["ps_hosts"] == []  # no agent on gpu1 yet: nothing to coordinate
+        finally:
+            controller.stop()

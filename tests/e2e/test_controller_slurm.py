@@ -1,0 +1,84 @@
+"""Membership from a real Slurm: a multi-task job with a PS task and worker tasks on two
+nodes; the controller reports the job, its nodes (Slurm) and its PS host (the agent there)."""
+
+from __future__ import annotations
+
+import os
+import shutil
+import sys
+from pathlib import Path
+
+import pytest
+
+from tensorlights.testbed import netns
+from tensorlights.testbed.slurm import slurm_cluster
+from tensorlights.testbed.socket_holder import clean_env
+
+from .agentproc import AgentProcess
+from .controllerproc import ControllerProcess, agent_config, make_pki
+
+pytestmark = [
+    pytest.mark.root,
+    pytest.mark.skipif(shutil.which("slurmctld") is None, reason="Slurm not installed"),
+]
+
+TASK = (
+    "import socket, time; s = socket.socket(); s.bind(('127.0.0.1', 0)); s.listen(); "
+    "c = socket.create_connection(s.getsockname()); time.sleep(120)"
+)
+
+
+def test_controller_reports_a_slurm_job_with_its_nodes_and_ps_host(
+    pair: netns.HostPair, tmp_path: Path
+) -> None:
+    pki = make_pki(tmp_path / "pki", [pair.b.ipv4], ["n1"])
+    with slurm_cluster(["n1", "n2"]) as slurm:
+        # Task 0 (the PS) runs in the namespace of the agent of node n1; the workers do not.
+        script = tmp_path / "task.sh"
+        script.write_text(
+            "#!/bin/sh\n"
+            f'if [ "$SLURM_PROCID" = 0 ]; then exec ip netns exec {pair.a.ns} '
+            f'{sys.executable} -c "{TASK}"; fi\n'
+            f'exec {sys.executable} -c "{TASK}"\n'
+        )
+        script.chmod(0o755)
+        out = slurm.command("sbatch", "-N2", "-n4", "-J", "ps-job", "--wrap", f"srun {script}")
+        slurm_id = int(out.stdout.split()[-1])
+        job = f"slurm/{slurm_id}"
+        # The controller lives in the other namespace and asks Slurm through our own.
+        (tmp_path / "ctl").mkdir()
+        squeue = ["nsenter", f"--net=/proc/{os.getpid()}/ns/net", "squeue", "--json"]
+        (tmp_path / "ctl" / "extra.toml").write_text(
+            f'[sources.slurm]\nenabled = true\ninterval = "500ms"\ncommand = {squeue!r}\n'.replace(
+                "'", '"'
+            )
+        )
+        controller = ControllerProcess(
+            pair.b, tmp_path / "ctl", pki, "--config", str(tmp_path / "ctl" / "extra.toml"),
+            listen=f"{pair.b.ipv4}:9740", env=clean_env({"SLURM_CONF": str(slurm.conf)}),
+        )  # fmt: skip
+        (tmp_path / "n1").mkdir()
+        agent_config(
+            tmp_path / "n1" / "agent.toml", f"{pair.b.ipv4}:9740", pki, "n1",
+            extra="[discovery]\nslurm_ps_procids = [0]\n",
+        )  # fmt: skip
+        agent = AgentProcess(pair, tmp_path / "n1", standalone=False)
+        try:
+
+            def reported() -> bool:
+                jobs = {j["job"]: j for j in controller.query("jobs")}
+                return job in jobs and jobs[job]["ps_hosts"] == ["n1"]
+
+            controller.wait(reported, deadline_s=40, what="the Slurm job with its PS host")
+            (found,) = [j for j in controller.query("jobs") if j["job"] == job]
+            assert found["sources"] == ["agent", "slurm"]
+            assert found["nodes"] == ["n1", "n2"]
+            assert found["name"] == "ps-job" and found["state"] == "RUNNING"
+            assert found["user"] == "root"
+            (host,) = controller.query("hosts")
+            assert host["host"] == "n1" and host["connected"] and host["jobs"] == [job]
+            agent.wait_status(lambda d: d.get("mode") == "plan" and d.get("order") == [job])
+        finally:
+            agent.stop()
+            controller.stop()
+            slurm.command("scancel", str(slurm_id), check=False)

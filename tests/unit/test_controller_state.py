@@ -1,0 +1,171 @@
+"""Controller pure parts: registry (sessions, replays, merge, expiry), planner, wire checks,
+jobs file, Kubernetes pod lists, controller config."""
+
+from __future__ import annotations
+
+import math
+from pathlib import Path
+
+import pytest
+
+from tensorlights.controller.config import build_config
+from tensorlights.controller.planner import Planner
+from tensorlights.controller.registry import Registry, SourceJob, StaleMessage, UnknownSession
+from tensorlights.controller.sources import parse_jobs_file, parse_pod_list
+from tensorlights.discovery.rules import launcher_job
+from tensorlights.errors import ConfigError
+from tensorlights.model import HostReport, PlanSlots, Registration, ReportedJob
+from tensorlights.rpc import convert
+from tensorlights.rpc.convert import InvalidMessage
+from tensorlights.rpc.v1 import agent_link_pb2 as pb
+from tensorlights.testbed.kube_emulator import kubeflow_pod
+from tensorlights.testbed.psjob import tf_launcher_env
+
+
+def reg(host: str, incarnation: int = 10) -> Registration:
+    return Registration(host, incarnation, "t", (("eth0", 10**9),), "rotate")
+
+
+def rep(session: str, seq: int, *jobs: str) -> HostReport:
+    reported = tuple(ReportedJob(j, frozenset({1000 + i}), 1, 1) for i, j in enumerate(jobs))
+    return HostReport(session, seq, reported, (), "plan", "")
+
+
+def test_sessions_replays_and_reconnects() -> None:
+    registry = Registry(host_timeout_s=30)
+    first = registry.register(reg("a"), now=0)
+    registry.report(rep(first.session, 1, "j"), now=1)
+    with pytest.raises(StaleMessage):
+        registry.report(rep(first.session, 1, "other"), now=2)
+    with pytest.raises(StaleMessage):
+        registry.register(reg("a", incarnation=9), now=2)
+    assert registry.membership() == {"j": frozenset({"a"})}
+    # The same agent reconnecting keeps its jobs; the old session is gone.
+    again = registry.register(reg("a"), now=3)
+    assert registry.membership() == {"j": frozenset({"a"})}
+    with pytest.raises(UnknownSession):
+        registry.report(rep(first.session, 5, "j"), now=4)
+    # A restarted agent (higher incarnation) starts empty.
+    registry.register(reg("a", incarnation=11), now=5)
+    assert registry.membership() == {}
+    assert again.session != first.session
+
+
+def test_disconnected_hosts_expire_after_the_timeout() -> None:
+    registry = Registry(host_timeout_s=30)
+    record = registry.register(reg("a"), now=0)
+    registry.set_connected(record.session, True, now=0)
+    registry.report(rep(record.session, 1, "j"), now=0)
+    registry.set_connected(record.session, False, now=10)
+    assert registry.expire(now=39) == [] and "j" in registry.membership()
+    assert registry.expire(now=41) == ["a"] and registry.membership() == {}
+
+
+def test_sources_merge_into_one_job_view() -> None:
+    registry = Registry()
+    a = registry.register(reg("a"), now=0)
+    registry.register(reg("b"), now=0)
+    registry.report(rep(a.session, 1, "slurm/7"), now=0)
+    registry.set_source(
+        "slurm", [SourceJob("slurm/7", "slurm", "train", nodes=("a", "c"), state="RUNNING")]
+    )
+    registry.set_source("static", [SourceJob("static/x", "static", ps_hosts=frozenset("bz"))])
+    assert registry.membership() == {"slurm/7": frozenset({"a"}), "static/x": frozenset({"b"})}
+    views = {view.job: view for view in registry.jobs()}
+    assert views["slurm/7"].sources == ("agent", "slurm")
+    assert views["slurm/7"].nodes == ("a", "c") and views["slurm/7"].name == "train"
+    assert views["static/x"].ps_hosts == ("b",)  # z has no agent: nobody would follow a plan
+
+
+def test_planner_generations_and_rotation_view() -> None:
+    planner = Planner(slot_s=2.0, lease_s=10.0, incarnation=7)
+    changed = planner.update({"x": frozenset("ab"), "y": frozenset("a")}, {"a", "b"})
+    assert changed == {"a", "b"} and planner.generation == 1
+    assert planner.update({"x": frozenset("ab"), "y": frozenset("a")}, {"a", "b"}) == set()
+    plan_b = planner.plan_for("b")
+    assert plan_b.slots == (("x",),) and plan_b.generation == 1 and plan_b.epoch == 0.0
+    # y leaves: only a's plan changes, at a new generation.
+    assert planner.update({"x": frozenset("ab")}, {"a", "b"}) == {"a"}
+    assert planner.plan_for("a").generation == 2 and planner.plan_for("b").generation == 1
+    planner.update({"x": frozenset("ab"), "y": frozenset("a")}, {"a", "b"})
+    view = planner.rotation("a", now=101.0, upcoming=3)  # slot 50 of 2 s: [100, 102)
+    assert view.green_since == 100.0 and view.next_at == 102.0
+    assert {view.green, view.next} == {"x", "y"}
+    assert [at for _, at in view.upcoming] == [102.0, 104.0, 106.0]
+
+
+def test_wire_checks_refuse_bad_input() -> None:
+    good = pb.AgentReport(session="s", seq=1, mode="plan", jobs=[pb.PsJob(job="j", ports=[80])])
+    assert convert.report(good.SerializeToString()).jobs[0].ports == frozenset({80})
+    for job in (
+        pb.PsJob(job="j", ports=[65536]),
+        pb.PsJob(job="j", ports=[1], spread_s=math.inf),
+        pb.PsJob(job="x" * 257, ports=[1]),
+    ):
+        bad = pb.AgentReport(session="s", seq=1, mode="plan", jobs=[job])
+        with pytest.raises(InvalidMessage):
+            convert.report(bad.SerializeToString())
+    with pytest.raises(InvalidMessage):
+        convert.report(pb.AgentReport(seq=1, mode="plan").SerializeToString())  # no session
+    with pytest.raises(InvalidMessage):
+        convert.registration(b"\x08")  # truncated varint
+    with pytest.raises(InvalidMessage):
+        convert.plan_slots(pb.HostPlan(generation=1, lease_ms=0, slot_ms=100))
+
+
+def test_plan_round_trip() -> None:
+    plan = PlanSlots(3, 9, 15.0, 0.0, 1.5, (("a", "b"), ("b", "a")))
+    assert convert.plan_slots(convert.plan_message(plan)) == plan
+
+
+def test_jobs_file() -> None:
+    jobs = parse_jobs_file('[[job]]\nid = "j1"\nps_hosts = ["h1", "h2"]\nname = "bert"\n')
+    assert jobs[0].ps_hosts == frozenset({"h1", "h2"}) and jobs[0].name == "bert"
+    for text, message in (
+        ('[[job]]\nid = "j1"\n', "ps_hosts"),
+        ('[[job]]\nid = "j1"\nps_hosts = ["bad host"]\n', "not a host name"),
+        ('[[job]]\nid = "j1"\nps_hosts = ["h"]\nweight = 2\n', "unknown keys"),
+        ('[[job]]\nid = "j"\nps_hosts = ["h"]\n[[job]]\nid = "j"\nps_hosts = ["h"]\n', "twice"),
+        ("jobs = 1\n", "unknown keys"),
+        ("[[job]\n", "jobs file"),
+    ):
+        with pytest.raises(ConfigError, match=message):
+            parse_jobs_file(text)
+
+
+def test_kubeflow_pods_name_jobs_as_the_agents_do() -> None:
+    env = tf_launcher_env("k", 2)
+    pods = [
+        kubeflow_pod("ml", "bert", "PS", 0, "gpu1", env),
+        kubeflow_pod("ml", "bert", "Worker", 0, "gpu2", {}),
+        kubeflow_pod("ml", "bert", "Worker", 1, "gpu3", {}),
+        kubeflow_pod("ml", "old", "PS", 0, "gpu4", {}, phase="Succeeded"),
+        kubeflow_pod("ml", "plain", "PS", 0, "gpu5", {}),
+    ]
+    jobs = {job.name: job for job in parse_pod_list({"kind": "PodList", "items": pods})}
+    found = launcher_job(env)
+    assert found is not None
+    assert jobs["ml/bert"].job == found[0]
+    assert jobs["ml/bert"].ps_hosts == frozenset({"gpu1"})
+    assert jobs["ml/bert"].nodes == ("gpu1", "gpu2", "gpu3")
+    assert jobs["ml/plain"].job == "k8s/ml/plain" and "ml/old" not in jobs
+
+
+def test_controller_config(tmp_path: Path) -> None:
+    for name in ("ca.pem", "c.pem", "c.key"):
+        (tmp_path / name).write_text("x")
+    tls = {"ca": str(tmp_path / "ca.pem"), "cert": str(tmp_path / "c.pem")}
+    with pytest.raises(ConfigError, match="always use mutual TLS"):
+        build_config({"tls": tls}, {})
+    tls["key"] = str(tmp_path / "c.key")
+    config = build_config({"tls": tls, "sources": {"slurm": {"enabled": True}}}, {"slot": "1s"})
+    assert config.slurm and config.slot_s == 1.0 and config.lease_s == 15.0
+    for values, message in (
+        ({"tls": tls, "lease": "2s"}, "three report intervals"),
+        ({"tls": tls, "slot": "10ms"}, "at least 100ms"),
+        ({"tls": tls, "sources": {"nfs": {}}}, "unknown \\[sources\\] keys"),
+        ({"tls": {**tls, "key": "/nonexistent"}}, "tls.key /nonexistent"),
+        ({"tls": tls, "bogus": 1}, "unknown config keys"),
+    ):
+        with pytest.raises(ConfigError, match=message):
+            build_config(values, {})
