@@ -455,6 +455,12 @@ class AgentApp:
                 plan_generation=plan.generation,
                 discovery=snapshot_view(result.snapshot),
             )
+            document["rotations"].update(
+                green=plan.green,
+                green_since=wall(plan.green_since),
+                next=plan.order[1] if len(plan.order) > 1 else None,
+                next_at=wall(plan.next_change_at),
+            )
         if self._sampler is not None:
             document["telemetry"] = {
                 job: [
@@ -472,12 +478,6 @@ class AgentApp:
                 for job, iterations in self._sampler.recent().items()
             }
             document["telemetry_error"] = self._sampler.last_error
-            document["rotations"].update(
-                green=plan.green,
-                green_since=wall(plan.green_since),
-                next=plan.order[1] if len(plan.order) > 1 else None,
-                next_at=wall(plan.next_change_at),
-            )
         return document
 
 

@@ -295,6 +295,15 @@ def status(socket_path: Path, as_json: bool) -> None:
         f"{document['interface']}: policy {document['policy']} every {document['interval_s']}s, "
         f"{'healthy' if document['healthy'] else '[red]UNHEALTHY[/red]'} ({document['health']})"
     )
+    link = document.get("controller")
+    if link:
+        following = (
+            f"following plan generation {document.get('plan_generation')}"
+            if document.get("mode") == "plan"
+            else f"own policy ({document['policy']})"
+        )
+        detail = f" ({link['detail']})" if link.get("detail") else ""
+        console.print(f"controller {link['address']}: {link['state']}{detail}; {following}")
     if rotations.get("green"):
         console.print(
             f"green: {rotations['green']} since {_clock_text(rotations.get('green_since'))}; "

@@ -144,14 +144,24 @@ def test_a_multi_host_job_is_green_on_both_hosts_at_once(
     print(f"skew between the two agents' switches: max {max(skews) * 1000:.1f} ms")
 
 
-def test_partition_keeps_the_plan_for_its_lease_then_falls_back_and_reconverges(
+def test_boot_without_controller_then_partition_then_reconvergence(
     testbed: tuple[Cluster, Path], tmp_path: Path
 ) -> None:
     c, pki = testbed
     holders, _ = start_jobs(c)
-    controller = start_controller(c, pki, tmp_path)
-    agents = start_agents(c, pki, tmp_path)
+    agents = start_agents(c, pki, tmp_path)  # the controller is down at boot
+    controller: ControllerProcess | None = None
     try:
+        for agent in agents.values():
+            status = agent.wait_status(
+                lambda d: (
+                    (d.get("controller") or {}).get("state") == "unreachable"
+                    and d.get("mode") == "local"
+                    and len(d.get("bands", {})) == 2
+                )
+            )
+            assert status["policy"] == "rotate"  # their own policy shapes meanwhile
+        controller = start_controller(c, pki, tmp_path)
         for agent in agents.values():
             agent.wait_status(lambda d: following(d, 2), deadline_s=30)
         first_generation = agents["ps1"].status()["plan_generation"]  # type: ignore[index]
@@ -178,7 +188,8 @@ def test_partition_keeps_the_plan_for_its_lease_then_falls_back_and_reconverges(
     finally:
         for agent in agents.values():
             agent.stop()
-        controller.stop()
+        if controller is not None:
+            controller.stop()
         for holder in holders:
             holder.stop()
 
