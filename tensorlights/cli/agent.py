@@ -2,7 +2,6 @@
 
 from __future__ import annotations
 
-import logging
 import statistics
 import sys
 import time
@@ -28,7 +27,7 @@ from tensorlights.agent.config import (
     with_link_rate,
 )
 from tensorlights.agent.sdnotify import Notifier
-from tensorlights.cli.common import echo_json, reports_errors
+from tensorlights.cli.common import echo_json, log_level_option, reports_errors, setup_logging
 from tensorlights.configfile import read_config_file
 from tensorlights.datapath import BACKENDS, open_datapath
 from tensorlights.datapath.tc_messages import format_handle, handle
@@ -199,12 +198,7 @@ def _loader(config_path: Path | None, flags: dict[str, Any]) -> Callable[[], Age
 
 @main.command()
 @_config_options
-@click.option(
-    "--log-level",
-    type=click.Choice(["debug", "info", "warning", "error"]),
-    default="info",
-    show_default=True,
-)
+@log_level_option
 @reports_errors
 def run(config_path: Path | None, log_level: str, **flags: Any) -> None:
     """Run the agent: discover PS jobs, shape DEV, rotate the green light (systemd runs this).
@@ -214,9 +208,7 @@ def run(config_path: Path | None, log_level: str, **flags: Any) -> None:
     1 for another error that retrying cannot fix (message on stderr).
     SIGHUP reloads the config file (kept unchanged if the new one is invalid).
     """
-    logging.basicConfig(
-        level=log_level.upper(), format="%(levelname)s %(name)s: %(message)s", stream=sys.stderr
-    )
+    setup_logging(log_level)
     app = AgentApp(_loader(config_path, flags), CollectorRegistry(), Notifier.from_environment())
     app.install_signal_handlers()
     sys.exit(app.run())

@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import functools
 import json
+import logging
 import sys
 from collections.abc import Callable
 from typing import Any, TypeVar
@@ -38,3 +39,18 @@ def reports_errors(func: F) -> F:
 
 def echo_json(data: Any) -> None:
     click.echo(json.dumps(data, indent=2, sort_keys=True))
+
+
+log_level_option = click.option(
+    "--log-level",
+    type=click.Choice(["debug", "info", "warning", "error"]),
+    default="info",
+    show_default=True,
+)
+
+
+def setup_logging(level: str) -> None:
+    """One line per message on stderr (journald adds the time)."""
+    logging.basicConfig(
+        level=level.upper(), format="%(levelname)s %(name)s: %(message)s", stream=sys.stderr
+    )

@@ -2,7 +2,6 @@
 
 from __future__ import annotations
 
-import logging
 import sys
 from pathlib import Path
 from typing import Any
@@ -12,7 +11,7 @@ from prometheus_client import CollectorRegistry
 
 from tensorlights import __version__
 from tensorlights.agent.sdnotify import Notifier
-from tensorlights.cli.common import reports_errors
+from tensorlights.cli.common import log_level_option, reports_errors, setup_logging
 from tensorlights.configfile import read_config_file
 from tensorlights.controller.config import (
     DEFAULT_CONFIG,
@@ -56,12 +55,7 @@ def main() -> None:
 @click.option("--jobs-file", type=click.Path(path_type=Path), help="Static jobs file (TOML).")
 @click.option("--slurm", is_flag=True, default=None, help="Poll Slurm (squeue --json).")
 @click.option("--kubernetes-url", metavar="URL", help="Kubernetes API server to poll.")
-@click.option(
-    "--log-level",
-    type=click.Choice(["debug", "info", "warning", "error"]),
-    default="info",
-    show_default=True,
-)
+@log_level_option
 @reports_errors
 def run(config_path: Path | None, log_level: str, **flags: Any) -> None:
     """Run the controller (systemd runs this).
@@ -69,9 +63,7 @@ def run(config_path: Path | None, log_level: str, **flags: Any) -> None:
     \b
     Exit status: 0 after SIGTERM; 2 for a bad configuration; 1 for another error.
     """
-    logging.basicConfig(
-        level=log_level.upper(), format="%(levelname)s %(name)s: %(message)s", stream=sys.stderr
-    )
+    setup_logging(log_level)
     values = read_config_file(config_path or DEFAULT_CONFIG, required=config_path is not None)
     tls = dict(values.get("tls", {}))
     for flag, key in (("tls_ca", "ca"), ("tls_cert", "cert"), ("tls_key", "key")):
