@@ -24,11 +24,11 @@ import random
 import shutil
 import socket
 import statistics
-from collections import Counter
 import subprocess
 import sys
 import tempfile
 import time
+from collections import Counter
 from pathlib import Path
 
 import grpc
@@ -66,12 +66,19 @@ def bench_plan(hosts: int, jobs: int, repeat: int) -> None:
         incremental.append(time.perf_counter() - started)
     schedule = planner.schedule
     busiest = max(Counter(h for hosts in members.values() for h in hosts).values())
-    print(f"plan: {hosts} hosts, {jobs} jobs ({sum(len(m) for m in members.values())} PS "
-          f"placements), {len(schedule.slots)} slots in the cycle (the busiest host has {busiest} jobs)")
-    print(f"  from scratch       median {statistics.median(full) * 1000:7.1f} ms   "
-          f"max {max(full) * 1000:7.1f} ms   ({repeat} runs)")
-    print(f"  one job arrives    median {statistics.median(incremental) * 1000:7.1f} ms   "
-          f"max {max(incremental) * 1000:7.1f} ms   ({len(changed)} host plans changed)")
+    placements = sum(len(m) for m in members.values())
+    print(
+        f"plan: {hosts} hosts, {jobs} jobs ({placements} PS placements), "
+        f"{len(schedule.slots)} slots in the cycle (the busiest host has {busiest} jobs)"
+    )
+    print(
+        f"  from scratch       median {statistics.median(full) * 1000:7.1f} ms   "
+        f"max {max(full) * 1000:7.1f} ms   ({repeat} runs)"
+    )
+    print(
+        f"  one job arrives    median {statistics.median(incremental) * 1000:7.1f} ms   "
+        f"max {max(incremental) * 1000:7.1f} ms   ({len(changed)} host plans changed)"
+    )
 
 
 def free_port() -> int:
@@ -185,20 +192,28 @@ def bench_agents(count: int, seconds: float) -> None:
             controller.wait(15)
         latencies = result["latencies"]
         assert isinstance(latencies, list)
-        print(f"agents: {count} simulated agents (mTLS, one connection each), "
-              f"{seconds:.0f} s of reports at 1/s each")
-        print(f"  reports accepted {result['reports']} (offered about {count * seconds:.0f}), "
-              f"plans received {result['plans']}")
+        print(
+            f"agents: {count} simulated agents (mTLS, one connection each), "
+            f"{seconds:.0f} s of reports at 1/s each"
+        )
+        print(
+            f"  reports accepted {result['reports']} (offered about {count * seconds:.0f}), "
+            f"plans received {result['plans']}"
+        )
         tenth = seconds / 10
         for name, lo, hi in (("first", 0, tenth * 3), ("last", seconds - tenth * 3, seconds)):
             window = sorted(lat for at, lat in latencies if lo <= at < hi)
             if window:
                 p50 = window[len(window) // 2] * 1000
                 p99 = window[int(len(window) * 0.99)] * 1000
-                print(f"  report latency, {name} 30%: p50 {p50:6.1f} ms  p99 {p99:6.1f} ms "
-                      f"({len(window)} reports)")
-        print(f"  controller CPU {cpu / wall * 100:.0f}% of one core over the run "
-              f"(with registration), RSS {rss:.0f} MiB")
+                print(
+                    f"  report latency, {name} 30%: p50 {p50:6.1f} ms  p99 {p99:6.1f} ms "
+                    f"({len(window)} reports)"
+                )
+        print(
+            f"  controller CPU {cpu / wall * 100:.0f}% of one core over the run "
+            f"(with registration), RSS {rss:.0f} MiB"
+        )
     finally:
         shutil.rmtree(work, ignore_errors=True)
 
