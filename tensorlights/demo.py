@@ -1,13 +1,15 @@
 """The demo: three synthetic parameter-server jobs share one host's 200 Mbit link, first under
-plain FIFO, then with the real TensorLights agent, which finds the PS processes by their
-TF_CONFIG, shapes the link and moves the green light. Prints job completion times and
-median straggler spread for both runs from the workers' own logs, and the spread the agent's
+plain FIFO, then with TensorLights: the controller (on the worker host) and the agent on the
+PS host, which finds the PS processes by their TF_CONFIG, reports them, follows the
+controller's rotation plan (mutual TLS, a throw-away development CA) and shapes the link.
+Prints the green light as `tlctl rotations` sees it, job completion times and median
+straggler spread for both runs from the workers' own logs, and the spread the agent's
 telemetry measured from the host.
 
     python -m tensorlights.demo [--rate 200mbit] [--policy rotate] [--interval 2s]
 
 Runs in network namespaces of its own (PS host, worker host) and removes them on exit, as
-well as every process it started. Needs root. Takes about a minute and a half.
+well as every process it started. Needs root. Takes about a minute.
 """
 
 from __future__ import annotations
@@ -19,23 +21,31 @@ import subprocess
 import sys
 import tempfile
 import time
+from collections.abc import Callable
 from pathlib import Path
 
 from rich.console import Console
 from rich.table import Table
 
 from tensorlights.agent.status import read_status
-from tensorlights.errors import TransientError
+from tensorlights.devca import make_pki
+from tensorlights.errors import TensorLightsError, TransientError
+from tensorlights.rpc.operator_client import OperatorClient
 from tensorlights.testbed import netns
 from tensorlights.testbed.psjob import RunningJob, start_job, tf_job_id, tf_launcher_env
 from tensorlights.testbed.socket_holder import clean_env
 
 JOBS = ("a", "b", "c")
 WORKERS = 2
+PS_HOST = "ps-host"
+CONTROLLER_PORT = 9740
 
 
 def _run_jobs(
-    pair: netns.HostPair, args: argparse.Namespace, console: Console, sock: Path | None
+    pair: netns.HostPair,
+    args: argparse.Namespace,
+    console: Console,
+    client: OperatorClient | None,
 ) -> dict[str, dict[str, float]]:
     """Start the jobs together, wait for them; per job: JCT and median straggler spread."""
     jobs: dict[str, RunningJob] = {}
@@ -49,8 +59,8 @@ def _run_jobs(
             )  # fmt: skip
         last_green = None
         while any(job.ps.poll() is None for job in jobs.values()):
-            if sock is not None:
-                last_green = _show_green(sock, console, started, last_green)
+            if client is not None:
+                last_green = _show_green(client, console, started, last_green)
             time.sleep(0.2)
         results = {}
         for tag, job in jobs.items():
@@ -64,16 +74,21 @@ def _run_jobs(
             job.kill()
 
 
-def _show_green(sock: Path, console: Console, started: float, last: str | None) -> str | None:
+def _show_green(
+    client: OperatorClient, console: Console, started: float, last: str | None
+) -> str | None:
+    """Print the PS host's green job when it changes, as the controller reports it."""
     try:
-        document = read_status(sock)
-    except (TransientError, OSError, json.JSONDecodeError):
+        hosts = client.rotations(PS_HOST)["hosts"]
+    except TensorLightsError:
         return last
-    green = document.get("rotations", {}).get("green")
+    green = hosts[0]["green"] if hosts else None
     if green and green != last:
         tags = _tag_of_jobs()
+        nxt = hosts[0]["next"]
         console.print(
             f"  {time.monotonic() - started:5.1f} s  green light -> job {tags.get(green, green)}"
+            f"  (tlctl rotations: next {tags.get(nxt, nxt) or '-'})"
         )
     return green if green else last
 
@@ -97,29 +112,62 @@ def _agent_spreads(sock: Path) -> dict[str, float]:
     }
 
 
+def _wait(done: Callable[[], bool], proc: subprocess.Popen[str], what: str) -> None:
+    deadline = time.monotonic() + 30
+    while time.monotonic() < deadline:
+        if done():
+            return
+        if proc.poll() is not None:
+            raise RuntimeError(f"the {what} exited with {proc.returncode}")
+        time.sleep(0.2)
+    proc.kill()
+    raise RuntimeError(f"the {what} did not come up within 30 s")
+
+
+def _start_controller(
+    pair: netns.HostPair, workdir: Path, args: argparse.Namespace
+) -> subprocess.Popen[str]:
+    """The controller on the worker host (it could be anywhere the agents can reach)."""
+    (workdir / "controller.toml").write_text("")
+    pki = workdir / "pki"
+    command = [
+        sys.executable, "-m", "tensorlights.cli.controller", "run", "--config",
+        str(workdir / "controller.toml"), "--listen", f"{pair.b.ipv4}:{CONTROLLER_PORT}",
+        "--socket", str(workdir / "tlctl.sock"), "--state-dir", str(workdir / "ctl-state"),
+        "--tls-ca", str(pki / "ca.pem"), "--tls-cert", str(pki / "controller.pem"),
+        "--tls-key", str(pki / "controller.key"), "--slot", args.interval,
+        "--log-level", "error",
+    ]  # fmt: skip
+    controller = subprocess.Popen(pair.b.exec_args(*command), env=clean_env(), text=True)
+    _wait(lambda: (workdir / "tlctl.sock").exists(), controller, "controller")
+    return controller
+
+
 def _start_agent(
     pair: netns.HostPair, workdir: Path, args: argparse.Namespace
 ) -> subprocess.Popen[str]:
-    (workdir / "agent.toml").write_text("")
+    pki = workdir / "pki"
+    (workdir / "agent.toml").write_text(
+        f'[controller]\naddress = "{pair.b.ipv4}:{CONTROLLER_PORT}"\nca = "{pki}/ca.pem"\n'
+        f'cert = "{pki}/{PS_HOST}.pem"\nkey = "{pki}/{PS_HOST}.key"\nhost = "{PS_HOST}"\n'
+    )
     command = [
         sys.executable, "-m", "tensorlights.cli.agent", "run", "--config",
         str(workdir / "agent.toml"), "--interface", "veth-a", "--link-rate", args.rate,
-        "--policy", args.policy, "--interval", args.interval, "--standalone",
+        "--policy", args.policy, "--interval", args.interval,
         "--status-socket", str(workdir / "agent.sock"), "--state-dir", str(workdir / "state"),
         "--log-level", "error",
     ]  # fmt: skip
     agent = subprocess.Popen(pair.a.exec_args(*command), env=clean_env(), text=True)
-    deadline = time.monotonic() + 30
-    while time.monotonic() < deadline:
+
+    def following() -> bool:
         try:
-            read_status(workdir / "agent.sock")
-            return agent
+            return read_status(workdir / "agent.sock").get("mode") == "plan"
         except (TransientError, OSError, json.JSONDecodeError):
-            if agent.poll() is not None:
-                raise RuntimeError(f"the agent exited with {agent.returncode}") from None
-            time.sleep(0.2)
-    agent.kill()
-    raise RuntimeError("the agent did not come up within 30 s")
+            return False
+
+    _wait(following, agent, "agent")
+    return agent
 
 
 def main(argv: list[str] | None = None) -> int:
@@ -148,17 +196,25 @@ def main(argv: list[str] | None = None) -> int:
         netns.run(["tc", "-n", pair.a.ns, "qdisc", "del", "dev", "veth-a", "root"])
 
         console.print(
-            f"\n[bold]2. TensorLights[/bold] (agent: --policy {args.policy} --interval "
-            f"{args.interval}; it finds the PS processes by their TF_CONFIG)"
+            f"\n[bold]2. TensorLights[/bold] (controller on the worker host, slot "
+            f"{args.interval}; agent on the PS host, --policy {args.policy} if the controller "
+            "is lost; it finds the PS processes by their TF_CONFIG)"
         )
-        agent = _start_agent(pair, workdir, args)
+        make_pki(workdir / "pki", [pair.b.ipv4], [PS_HOST], operator=True)
+        controller = _start_controller(pair, workdir, args)
+        agent = None
         try:
-            lights = _run_jobs(pair, args, console, workdir / "agent.sock")
+            agent = _start_agent(pair, workdir, args)
+            client = OperatorClient(socket_path=workdir / "tlctl.sock")
+            lights = _run_jobs(pair, args, console, client)
+            client.close()
             time.sleep(1.0)  # the final pushes close once the connections are gone
             measured = _agent_spreads(workdir / "agent.sock")
         finally:
-            agent.terminate()
-            agent.wait(20)
+            for proc in (agent, controller):
+                if proc is not None:
+                    proc.terminate()
+                    proc.wait(20)
 
     table = Table(
         title="Job completion time (JCT) and median straggler spread (workers' logs; agent)"
