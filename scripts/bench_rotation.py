@@ -23,6 +23,7 @@ import tempfile
 import time
 from pathlib import Path
 
+from tensorlights.bench import legacy_tc
 from tensorlights.datapath import open_datapath
 from tensorlights.datapath.htb import HtbDatapath
 from tensorlights.model import NUM_BANDS, DatapathSpec, JobShaping
@@ -97,27 +98,11 @@ def ours(dp: HtbDatapath, ns: str, jobs: int, rounds: int, all_move: bool) -> di
 
 
 def original_commands(jobs: int, green: int) -> list[list[str]]:
-    """The prototype's rebuild: root qdisc, root class, one class per job, default class, and
-    one u32 filter per port (7 priority levels, jobs beyond them share the last)."""
-    dev = "dev veth-a"
-    cmds = [
-        f"qdisc del {dev} root".split(),
-        f"qdisc add {dev} root handle 1: htb default 999".split(),
-        f"class add {dev} parent 1: classid 1:1 htb rate 200mbit ceil 200mbit".split(),
-        f"class add {dev} parent 1:1 classid 1:999 htb rate 10mbit ceil 200mbit prio 7".split(),
-    ]
-    for i in range(jobs):
-        prio = min((i - green) % jobs, 6)
-        cmds.append(
-            f"class add {dev} parent 1:1 classid 1:{10 + i} htb rate 1mbit ceil 200mbit "
-            f"prio {prio}".split()
-        )
-        for port in sorted(job_ports(i)):
-            cmds.append(
-                f"filter add {dev} parent 1: protocol ip prio 1 u32 match ip sport {port} "
-                f"0xffff flowid 1:{10 + i}".split()
-            )
-    return cmds
+    """The prototype's rebuild (tensorlights.bench.legacy_tc) for `jobs` jobs, `green` on top."""
+    return legacy_tc.htb_commands(
+        "veth-a", RATE, [sorted(job_ports(i)) for i in range(jobs)],
+        legacy_tc.original_prios(jobs, green),
+    )  # fmt: skip
 
 
 def original(ns: str, jobs: int, rounds: int) -> dict[str, float]:

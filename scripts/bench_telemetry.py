@@ -65,7 +65,7 @@ def run_policy(policy: str, args: argparse.Namespace) -> list[tuple[str, Agreeme
                 time.sleep(0.1)
             for tag in ("a", "b"):
                 jobs[tf_job_id(tag, 3)] = start_job(
-                    pair.a.exec_args(), pair.b.exec_args(), pair.a.ipv4,
+                    pair.a.exec_args(), [pair.b.exec_args()], pair.a.ipv4,
                     clean_env(tf_launcher_env(tag, 3)),
                     3, args.model_bytes, args.iterations, args.compute,
                 )  # fmt: skip

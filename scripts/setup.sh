@@ -1,6 +1,7 @@
 #!/usr/bin/env bash
 # Installs what TensorLights needs on a Debian machine (run as root): system packages and a
-# virtualenv in .venv with the package. `scripts/setup.sh test` adds the test tools.
+# virtualenv in .venv with the package. `scripts/setup.sh test` adds the test tools,
+# `scripts/setup.sh bench` the benchmark report's plotting.
 set -euo pipefail
 cd "$(dirname "$0")/.."
 extra=${1:-}
@@ -28,8 +29,8 @@ if [[ ! -x .venv/bin/python ]]; then
   python3 -m venv .venv
 fi
 .venv/bin/python -m pip install -q --upgrade pip
-if [[ $extra == test ]]; then
-  .venv/bin/python -m pip install -q -e '.[test]'
+if [[ $extra == test || $extra == bench ]]; then
+  .venv/bin/python -m pip install -q -e ".[$extra]"
 else
   .venv/bin/python -m pip install -q -e .
 fi

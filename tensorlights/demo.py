@@ -53,7 +53,7 @@ def _run_jobs(
     try:
         for tag in JOBS:
             jobs[tag] = start_job(
-                pair.a.exec_args(), pair.b.exec_args(), pair.a.ipv4,
+                pair.a.exec_args(), [pair.b.exec_args()], pair.a.ipv4,
                 clean_env(tf_launcher_env(tag, WORKERS)), WORKERS, args.model_bytes,
                 args.iterations, args.compute,
             )  # fmt: skip

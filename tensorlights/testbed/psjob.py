@@ -10,8 +10,10 @@ namespace of a host), computes for --compute seconds and sends its gradient
 (--gradient-bytes) back; the PS waits for every gradient (the barrier) and starts the next
 iteration. The PS is identified the way real jobs are: its launcher sets TF_CONFIG (or DMLC_*).
 
-The PS prints "listening PORT" when ready and a JSON summary at the end; each worker prints one
-JSON line: {"received": [t0, t1, ...]} -- the ground truth for straggler telemetry.
+The PS prints "listening PORT" when ready and a JSON summary at the end (iterations, and
+`listening_at` / `finished_at`: when it began to listen and when its last iteration ended, on
+CLOCK_MONOTONIC -- a job's completion time); each worker prints one JSON line:
+{"received": [t0, t1, ...]} -- the ground truth for straggler telemetry.
 """
 
 from __future__ import annotations
@@ -23,7 +25,7 @@ import subprocess
 import sys
 import threading
 import time
-from collections.abc import Callable
+from collections.abc import Callable, Sequence
 from dataclasses import dataclass
 from typing import Any
 
@@ -49,6 +51,7 @@ def run_ps(args: argparse.Namespace) -> int:
     listener.setsockopt(socket.SOL_SOCKET, socket.SO_REUSEADDR, 1)
     listener.bind((args.bind, args.port))
     listener.listen(args.workers)
+    listening_at = time.monotonic()
     print(f"listening {listener.getsockname()[1]}", flush=True)
     workers = [listener.accept()[0] for _ in range(args.workers)]
     model = b"\x01" * args.model_bytes
@@ -83,6 +86,8 @@ def run_ps(args: argparse.Namespace) -> int:
     summary = {
         "iterations": len(iteration_ends),
         "seconds": time.monotonic() - started,
+        "listening_at": listening_at,
+        "finished_at": iteration_ends[-1] if iteration_ends else None,
         "errors": [repr(exc) for exc in failures],
     }
     print(json.dumps(summary), flush=True)
@@ -109,18 +114,24 @@ def run_worker(args: argparse.Namespace) -> int:
 
 @dataclass
 class RunningJob:
-    """A job started across a host pair: its PS in namespace a, its workers in b."""
+    """A job started across emulated hosts: its PS on one, its workers on others."""
 
     ps: subprocess.Popen[str]
     workers: list[subprocess.Popen[str]]
+    port: int
+    """The PS's listening port: its pushes to the workers leave from it."""
+    summary: dict[str, Any] | None = None
+    """The PS's JSON summary, once `received` has collected it."""
 
     def received(self, timeout: float) -> list[list[float]]:
-        """Each worker's receive times, once they have finished."""
+        """Each worker's receive times, once they have finished (the PS summary is kept)."""
         logs = []
         for worker in self.workers:
             out, _ = worker.communicate(timeout=timeout)
             logs.append(json.loads(out)["received"])
-        self.ps.communicate(timeout=timeout)
+        out, _ = self.ps.communicate(timeout=timeout)
+        lines = out.strip().splitlines()
+        self.summary = json.loads(lines[-1]) if lines else None
         return logs
 
     def kill(self) -> None:
@@ -132,7 +143,7 @@ class RunningJob:
 
 def start_job(
     ps_ns_args: list[str],
-    worker_ns_args: list[str],
+    worker_hosts: Sequence[list[str]],
     ps_address: str,
     env: dict[str, str],
     workers: int,
@@ -140,7 +151,8 @@ def start_job(
     iterations: int,
     compute_s: float,
 ) -> RunningJob:
-    """Start the PS (with its launcher's `env`, e.g. TF_CONFIG) and its workers."""
+    """Start the PS (with its launcher's `env`, e.g. TF_CONFIG) and its workers, spread
+    round-robin over `worker_hosts` (each a command prefix that runs on that host)."""
     common = ["--model-bytes", str(model_bytes), "--iterations", str(iterations)]
     module = [sys.executable, "-m", "tensorlights.testbed.psjob"]
     ps = subprocess.Popen(
@@ -157,14 +169,14 @@ def start_job(
     target = f"{ps_address}:{line[1]}"
     started = [
         subprocess.Popen(
-            [*worker_ns_args, *module, "worker", "--connect", target, "--compute", str(compute_s),
-             *common],
+            [*worker_hosts[index % len(worker_hosts)], *module, "worker", "--connect", target,
+             "--compute", str(compute_s), *common],
             stdout=subprocess.PIPE,
             text=True,
         )
-        for _ in range(workers)
+        for index in range(workers)
     ]  # fmt: skip
-    return RunningJob(ps, started)
+    return RunningJob(ps, started, int(line[1]))
 
 
 def tf_launcher_env(tag: str, workers: int) -> dict[str, str]:

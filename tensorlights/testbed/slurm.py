@@ -49,7 +49,10 @@ class SlurmCluster:
         return {**os.environ, "SLURM_CONF": str(self.conf)}
 
     def command(self, *args: str, check: bool = True) -> subprocess.CompletedProcess[str]:
-        result = subprocess.run(list(args), capture_output=True, text=True, env=self.env)
+        # In the private directory: sbatch writes its slurm-N.out to the working directory.
+        result = subprocess.run(
+            list(args), capture_output=True, text=True, env=self.env, cwd=self.root
+        )
         if check and result.returncode != 0:
             raise RuntimeError(f"{' '.join(args)} failed: {result.stderr.strip()}")
         return result

@@ -38,7 +38,7 @@ def test_measured_spread_and_period_match_the_workers_own_log(
     try:
         for tag in ("a", "b"):
             jobs[tf_job_id(tag, 3)] = start_job(
-                pair.a.exec_args(), pair.b.exec_args(), pair.a.ipv4,
+                pair.a.exec_args(), [pair.b.exec_args()], pair.a.ipv4,
                 clean_env(tf_launcher_env(tag, 3)),
                 workers=3, model_bytes=3_000_000, iterations=ITERATIONS, compute_s=0.25,
             )  # fmt: skip

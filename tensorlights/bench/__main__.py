@@ -1,0 +1,3 @@
+from tensorlights.bench.cli import main
+
+raise SystemExit(main())

@@ -1,0 +1,238 @@
+"""python -m tensorlights.bench: run the benchmark, rebuild its report, list its scenarios."""
+
+from __future__ import annotations
+
+import json
+import logging
+import os
+import platform
+import sys
+import tempfile
+import time
+from pathlib import Path
+from typing import Any
+
+import click
+
+from tensorlights.bench import report
+from tensorlights.bench.results import Trial, alone_jct, profile_key, summarize
+from tensorlights.bench.runner import HOSTS, RunOptions, run_trial
+from tensorlights.bench.scenarios import (
+    SCENARIOS,
+    Policy,
+    Scenario,
+    select,
+    select_policies,
+)
+from tensorlights.errors import ConfigError
+from tensorlights.testbed.cluster import cluster
+from tensorlights.units import format_rate, parse_duration, parse_rate
+
+TRIALS = "trials.jsonl"
+META = "meta.json"
+
+
+@click.group(context_settings={"help_option_names": ["-h", "--help"]})
+def main() -> None:
+    """The TensorLights benchmark: scenarios of synthetic PS jobs on an emulated cluster,
+    every policy side by side, the lower bound on average JCT, a Markdown + PNG report."""
+
+
+@main.command()
+@click.option(
+    "--scenarios", default="all", show_default=True, help="Keys, e.g. a,c (see `scenarios`)."
+)
+@click.option(
+    "--policies", default="all", show_default=True,
+    help="Of: fifo, fair, static, tl-rr-original, rotate.",
+)  # fmt: skip
+@click.option("--reps", type=click.IntRange(1, 50), default=3, show_default=True)
+@click.option("--rate", default="300mbit", show_default=True, help="The PS host's link.")
+@click.option("--interval", default="3s", show_default=True, help="The agent's rotation slot.")
+@click.option(
+    "--original-interval", default="20s", show_default=True,
+    help="The original prototype's rebuild period.",
+)  # fmt: skip
+@click.option(
+    "--scale", type=float, default=1.0, show_default=True,
+    help="Multiply every job's iterations and arrival offsets (0.2 for a quick look).",
+)  # fmt: skip
+@click.option(
+    "--out", type=click.Path(path_type=Path), required=True,
+    help="Results folder: trials.jsonl, meta.json, report.md, PNGs. An existing one with the "
+    "same settings is resumed (runs already recorded are skipped).",
+)  # fmt: skip
+@click.option("--no-plots", is_flag=True, help="Markdown only (no matplotlib).")
+def run(
+    scenarios: str,
+    policies: str,
+    reps: int,
+    rate: str,
+    interval: str,
+    original_interval: str,
+    scale: float,
+    out: Path,
+    no_plots: bool,
+) -> None:
+    """Run every scenario under every policy, REPS times, plus each job profile alone; then
+    write the report. Needs root (network namespaces). Records each run as it ends."""
+    logging.basicConfig(level=logging.WARNING, format="%(levelname)s %(message)s")
+    try:
+        chosen = [s.scaled(scale) for s in select(scenarios)]
+        compared = select_policies(policies)
+        parse_duration(interval)
+        options = RunOptions(parse_rate(rate), interval, parse_duration(original_interval))
+    except ConfigError as exc:
+        raise click.UsageError(str(exc)) from None
+    if os.geteuid() != 0:
+        raise click.ClickException("needs root: the testbed creates network namespaces")
+    meta = {
+        "rate": format_rate(options.rate_bps),
+        "rate_bps": options.rate_bps,
+        "scenarios": [s.key for s in chosen],
+        "policies": [p.value for p in compared],
+        "reps": reps,
+        "scale": scale,
+        "interval": interval,
+        "original_interval_s": options.original_interval_s,
+        "machine": f"{platform.node()}, {os.cpu_count()} CPUs, Linux {platform.release()}",
+    }
+    out.mkdir(parents=True, exist_ok=True)
+    done = _resume(out, meta)
+    plan = _plan(chosen, compared, reps)
+    todo = [step for step in plan if _key(*step[:3]) not in done]
+    click.echo(f"{len(plan)} runs ({len(plan) - len(todo)} already recorded) -> {out}")
+    began = time.monotonic()
+    with cluster(HOSTS) as testbed, tempfile.TemporaryDirectory() as tmp:
+        for number, (scenario, policy, rep, scenario_obj, jobs) in enumerate(todo, 1):
+            trial = run_trial(
+                testbed, scenario, jobs, policy, rep, options,
+                Path(tmp) / f"{number}", profile=scenario_obj if policy is Policy.ALONE else "",
+            )  # fmt: skip
+            with open(out / TRIALS, "a") as handle:
+                handle.write(json.dumps(trial.to_dict()) + "\n")
+            avg = sum(j.jct_s for j in trial.jobs) / len(trial.jobs)
+            click.echo(
+                f"[{number}/{len(todo)}] {scenario} {policy.value} rep {rep}: avg JCT {avg:.2f} s,"
+                f" link {trial.utilisation:.0%} ({(time.monotonic() - began) / 60:.1f} min)"
+            )
+    _write_report(out, chosen, no_plots)
+
+
+@main.command(name="report")
+@click.argument("folder", type=click.Path(path_type=Path, exists=True, file_okay=False))
+@click.option("--no-plots", is_flag=True, help="Markdown only (no matplotlib).")
+def report_command(folder: Path, no_plots: bool) -> None:
+    """Rebuild FOLDER/report.md (and plots) from FOLDER/trials.jsonl."""
+    meta = json.loads((folder / META).read_text())
+    chosen = [SCENARIOS[key].scaled(meta["scale"]) for key in meta["scenarios"]]
+    _write_report(folder, chosen, no_plots)
+
+
+@main.command()
+@click.option("--json", "as_json", is_flag=True, help="Machine-readable output.")
+def scenarios(as_json: bool) -> None:
+    """List the scenarios and their jobs."""
+    if as_json:
+        click.echo(
+            json.dumps(
+                {
+                    key: {
+                        "title": s.title,
+                        "description": s.description,
+                        "jobs": [vars(j) for j in s.jobs],
+                    }
+                    for key, s in SCENARIOS.items()
+                },
+                indent=2,
+            )
+        )
+        return
+    for s in SCENARIOS.values():
+        click.echo(f"({s.key}) {s.title}: {s.description}")
+
+
+def _key(scenario: str, policy: Policy, rep: int) -> tuple[str, str, int]:
+    return (scenario, policy.value, rep)
+
+
+Step = tuple[str, Policy, int, Any, list[Any]]
+
+
+def _plan(chosen: list[Scenario], compared: list[Policy], reps: int) -> list[Step]:
+    """Repetitions outermost (drift spreads over every policy); each distinct job profile
+    alone once per repetition; the policies' order rotates from one repetition to the next."""
+    steps: list[Step] = []
+    for rep in range(reps):
+        seen: set[str] = set()
+        for scenario in chosen:
+            for job in scenario.jobs:
+                key = profile_key(job)
+                if key not in seen:
+                    seen.add(key)
+                    alone = job.__class__(job.name, *job.profile)
+                    steps.append((f"alone:{key}", Policy.ALONE, rep, key, [alone]))
+        for scenario in chosen:
+            order = compared[rep % len(compared) :] + compared[: rep % len(compared)]
+            steps += [
+                (scenario.key, policy, rep, scenario, list(scenario.jobs)) for policy in order
+            ]
+    return steps
+
+
+def _resume(out: Path, meta: dict[str, Any]) -> set[tuple[str, str, int]]:
+    """Runs already recorded in `out` with the same settings; refuse a folder with others."""
+    meta_path = out / META
+    if meta_path.exists():
+        old = json.loads(meta_path.read_text())
+        settings = ("rate_bps", "scale", "interval", "original_interval_s")
+        if any(old.get(k) != meta[k] for k in settings):
+            raise click.ClickException(
+                f"{out} holds runs with other settings ({ {k: old.get(k) for k in settings} }): "
+                "choose another --out"
+            )
+        meta["scenarios"] = sorted(set(old["scenarios"]) | set(meta["scenarios"]))
+        meta["policies"] = [
+            *old["policies"],
+            *(p for p in meta["policies"] if p not in old["policies"]),
+        ]
+        meta["reps"] = max(old["reps"], meta["reps"])
+    meta_path.write_text(json.dumps(meta, indent=2) + "\n")
+    if not (out / TRIALS).exists():
+        return set()
+    return {
+        (t.scenario, t.policy, t.rep)
+        for t in (
+            Trial.from_dict(json.loads(line))
+            for line in (out / TRIALS).read_text().splitlines()
+            if line
+        )
+    }
+
+
+def _write_report(out: Path, chosen: list[Scenario], no_plots: bool) -> None:
+    meta = json.loads((out / META).read_text())
+    trials = [
+        Trial.from_dict(json.loads(line))
+        for line in (out / TRIALS).read_text().splitlines()
+        if line
+    ]
+    alone = alone_jct(trials)
+    order = [p for p in meta["policies"]]
+    summaries = [
+        summarize(s, meta["rate_bps"], trials, alone, order)
+        for s in sorted(chosen, key=lambda s: s.key)
+        if all(profile_key(j) in alone for j in s.jobs)
+    ]
+    try:
+        plots = {} if no_plots else report.plot(summaries, out)
+    except ConfigError as exc:
+        raise click.ClickException(str(exc)) from None
+    (out / "report.md").write_text(report.markdown(summaries, meta, plots))
+    click.echo(f"report: {out / 'report.md'}")
+    for line in report.summary_table(summaries):
+        click.echo(line)
+
+
+if __name__ == "__main__":
+    sys.exit(main())

@@ -1,0 +1,193 @@
+"""The benchmark report: Markdown tables per scenario and PNG plots (matplotlib)."""
+
+from __future__ import annotations
+
+from collections.abc import Sequence
+from pathlib import Path
+from typing import Any
+
+from tensorlights.bench import bound
+from tensorlights.bench.results import ScenarioSummary
+from tensorlights.errors import ConfigError
+
+LABELS = {
+    "fifo": "FIFO (no agent)",
+    "fair": "fair (per-job classes)",
+    "static": "TL-One (static)",
+    "tl-rr-original": "TL-RR original (tc rebuild)",
+    "rotate": "TensorLights rotate",
+}
+
+
+def label(policy: str) -> str:
+    return LABELS.get(policy, policy)
+
+
+def summary_table(summaries: Sequence[ScenarioSummary]) -> list[str]:
+    """Policies x scenarios: average JCT as a multiple of the lower bound (max slowdown)."""
+    policies: list[str] = []
+    for summary in summaries:
+        policies += [p.policy for p in summary.policies if p.policy not in policies]
+    head = "| policy | " + " | ".join(f"({s.scenario.key}) {s.scenario.title}" for s in summaries)
+    lines = [head + " |", "|---|" + "---:|" * len(summaries)]
+    for policy in policies:
+        cells = []
+        for summary in summaries:
+            found = [p for p in summary.policies if p.policy == policy]
+            cells.append(
+                f"{found[0].ratio_to_bound:.2f}x ({found[0].max_slowdown:.2f})" if found else "-"
+            )
+        lines.append(f"| {label(policy)} | " + " | ".join(cells) + " |")
+    return lines
+
+
+def scenario_section(summary: ScenarioSummary, plot: str | None) -> list[str]:
+    s = summary.scenario
+    jobs = ", ".join(
+        f"{j.name} ({j.model_bytes / 1e6:g} MB x {j.workers} workers, {j.compute_s * 1e3:.0f} ms"
+        f" compute, {j.iterations} it{f', +{j.start_s:g} s' if j.start_s else ''})"
+        for j in s.jobs
+    )
+    alone = ", ".join(f"{name} {value:.2f} s" for name, value in summary.alone_s.items())
+    link = ", ".join(f"{name} {value:.2f} s" for name, value in summary.link_s.items())
+    lines = [
+        f"### ({s.key}) {s.title}",
+        "",
+        s.description,
+        "",
+        f"Jobs: {jobs}.",
+        f"Standalone JCT: {alone}. Link time of all pushes: {link}.",
+        f"**Lower bound on average JCT: {summary.lower_bound_s:.2f} s.**",
+        "",
+        "| policy | avg JCT s | x bound | per-job JCT s | slowdown vs alone (max) "
+        "| straggler spread median / p90 ms | link use | reps |",
+        "|---|---:|---:|---|---|---:|---:|---:|",
+    ]
+    for p in summary.policies:
+        per_job = ", ".join(f"{name} {value:.1f}" for name, value in p.job_jct_s.items())
+        slow = ", ".join(f"{value:.2f}" for value in p.slowdown.values())
+        lines.append(
+            f"| {label(p.policy)} | {p.avg_jct_s:.2f} | {p.ratio_to_bound:.2f} | {per_job} "
+            f"| {slow} ({p.max_slowdown:.2f}) "
+            f"| {p.spread_median_s * 1e3:.0f} / {p.spread_p90_s * 1e3:.0f} "
+            f"| {p.utilisation:.0%} | {p.reps} |"
+        )
+    if plot:
+        lines += ["", f"![({s.key}) {s.title}]({plot})"]
+    return [*lines, ""]
+
+
+def markdown(
+    summaries: Sequence[ScenarioSummary], meta: dict[str, Any], plots: dict[str, str]
+) -> str:
+    lines = [
+        "# TensorLights benchmark",
+        "",
+        f"Emulated cluster (network namespaces): one PS host whose {meta['rate']} egress is "
+        "the bottleneck, two worker hosts. Synthetic PS jobs (tensorlights.testbed.psjob), "
+        f"identified by TF_CONFIG only. {meta['reps']} repetition(s), medians reported. "
+        f"Agent rotation slot {meta['interval']}; the original prototype rebuilds its qdisc "
+        f"every {meta['original_interval_s']:g} s. Machine: {meta.get('machine', '?')}.",
+        "",
+        "Average JCT as a multiple of the lower bound (max per-job slowdown vs alone):",
+        "",
+        *summary_table(summaries),
+        "",
+    ]
+    if "overview" in plots:
+        lines += [f"![overview]({plots['overview']})", ""]
+    lines += [
+        "## Lower bound",
+        "",
+        "For each job i: arrival a_i, standalone JCT T_i (median of its runs alone on the "
+        f"FIFO link) and link time p_i = payload x {bound.MSS + bound.HEADER_BYTES}/{bound.MSS}"
+        " x 8 / rate (wire bytes with Ethernet, IP, TCP and timestamp headers at 1448-byte "
+        "segments). M(S) = the earliest time one link can send all pushes of the jobs in S, "
+        "none before its job arrives (sort S by arrival; t = max(t, a_j) + p_j). The k-th job "
+        "to finish, in any schedule, ends no sooner than max(a + T of itself, M(first k "
+        "jobs)); the bound is the minimum over completion orders of the average of "
+        "those, minus arrivals. No policy beats it; compute overlapping other jobs' pushes "
+        "is not credited, so it is optimistic, never pessimistic.",
+        "",
+        "## Scenarios",
+        "",
+    ]
+    for summary in summaries:
+        lines += scenario_section(summary, plots.get(summary.scenario.key))
+    lines += [
+        "Rerun: `scripts/benchmark.sh` (see `python -m tensorlights.bench run --help`); "
+        "`python -m tensorlights.bench report DIR` rebuilds this report from DIR/trials.jsonl.",
+        "",
+    ]
+    return "\n".join(lines)
+
+
+def plot(summaries: Sequence[ScenarioSummary], out: Path) -> dict[str, str]:
+    """PNG plots next to the report; returns their names relative to it."""
+    try:
+        import matplotlib
+
+        matplotlib.use("Agg")
+        import matplotlib.pyplot as plt
+    except ImportError:
+        raise ConfigError(
+            "matplotlib is needed for the plots: pip install -e '.[bench]' "
+            "(scripts/benchmark.sh does), or pass --no-plots"
+        ) from None
+    names: dict[str, str] = {}
+    policies: list[str] = []
+    for summary in summaries:
+        policies += [p.policy for p in summary.policies if p.policy not in policies]
+    width = 0.8 / max(len(policies), 1)
+
+    fig, ax = plt.subplots(figsize=(10, 4.5))
+    for k, policy in enumerate(policies):
+        xs, ys = [], []
+        for i, summary in enumerate(summaries):
+            for p in summary.policies:
+                if p.policy == policy:
+                    xs.append(i + k * width)
+                    ys.append(p.ratio_to_bound)
+        ax.bar(xs, ys, width, label=label(policy))
+    ax.axhline(1.0, color="black", linewidth=1, linestyle="--", label="lower bound")
+    ax.set_xticks([i + width * (len(policies) - 1) / 2 for i in range(len(summaries))])
+    ax.set_xticklabels([f"({s.scenario.key}) {s.scenario.title}" for s in summaries], fontsize=8)
+    ax.set_ylabel("average JCT / lower bound")
+    ax.legend(fontsize=8)
+    fig.tight_layout()
+    fig.savefig(out / "overview.png", dpi=110)
+    plt.close(fig)
+    names["overview"] = "overview.png"
+
+    for summary in summaries:
+        fig, (left, right) = plt.subplots(1, 2, figsize=(11, 4))
+        jobs = [j.name for j in summary.scenario.jobs]
+        bar = 0.8 / max(len(summary.policies), 1)
+        for k, p in enumerate(summary.policies):
+            xs = [i + k * bar for i in range(len(jobs))]
+            left.bar(xs, [p.slowdown[name] for name in jobs], bar, label=label(p.policy))
+        left.axhline(1.0, color="black", linewidth=1, linestyle="--")
+        left.set_xticks([i + bar * (len(summary.policies) - 1) / 2 for i in range(len(jobs))])
+        left.set_xticklabels(jobs)
+        left.set_ylabel("JCT / standalone JCT")
+        left.set_title("slowdown per job")
+        left.legend(fontsize=7)
+        names_ = [label(p.policy) for p in summary.policies]
+        right.barh(names_, [p.spread_median_s * 1e3 for p in summary.policies], label="median")
+        right.barh(
+            names_,
+            [(p.spread_p90_s - p.spread_median_s) * 1e3 for p in summary.policies],
+            left=[p.spread_median_s * 1e3 for p in summary.policies],
+            alpha=0.4,
+            label="to p90",
+        )
+        right.set_xlabel("straggler spread, ms")
+        right.set_title("straggler spread per iteration")
+        right.legend(fontsize=7)
+        fig.suptitle(f"({summary.scenario.key}) {summary.scenario.title}")
+        fig.tight_layout()
+        name = f"scenario_{summary.scenario.key}.png"
+        fig.savefig(out / name, dpi=110)
+        plt.close(fig)
+        names[summary.scenario.key] = name
+    return names

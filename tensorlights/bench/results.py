@@ -1,0 +1,143 @@
+"""What one benchmark run measured, and the per-scenario summary over repetitions (pure)."""
+
+from __future__ import annotations
+
+import statistics
+from collections.abc import Iterable, Mapping, Sequence
+from dataclasses import asdict, dataclass, field
+from typing import Any
+
+from tensorlights.bench.bound import link_seconds, lower_bound_avg_jct
+from tensorlights.bench.scenarios import JobSpec, Scenario
+
+
+@dataclass(frozen=True)
+class JobRun:
+    name: str
+    arrival_s: float
+    """When its PS began to listen, seconds after the run started."""
+    jct_s: float
+    """From its PS listening to the end of its last iteration."""
+    spreads_s: tuple[float, ...]
+    """Per iteration: last worker to have the whole model minus the first (workers' logs)."""
+
+
+@dataclass(frozen=True)
+class Trial:
+    scenario: str
+    policy: str
+    rep: int
+    rate_bps: int
+    jobs: tuple[JobRun, ...]
+    link_bytes: int
+    """Bytes the PS host's interface sent while any job ran."""
+    busy_s: float
+    """From the first job's start to the last job's end."""
+    rebuilds: int = 0
+    """Qdisc rebuilds by `tc` (the original prototype)."""
+    profile: str = ""
+    """For standalone runs: the job profile measured."""
+
+    @property
+    def utilisation(self) -> float:
+        return self.link_bytes * 8 / (self.rate_bps * self.busy_s) if self.busy_s > 0 else 0.0
+
+    def to_dict(self) -> dict[str, Any]:
+        return asdict(self)
+
+    @classmethod
+    def from_dict(cls, data: Mapping[str, Any]) -> Trial:
+        jobs = tuple(
+            JobRun(j["name"], j["arrival_s"], j["jct_s"], tuple(j["spreads_s"]))
+            for j in data["jobs"]
+        )
+        return cls(**{**data, "jobs": jobs})
+
+
+def profile_key(job: JobSpec) -> str:
+    model, workers, compute, iterations = job.profile
+    return f"{model}B-{workers}w-{compute}s-{iterations}it"
+
+
+def alone_jct(trials: Iterable[Trial]) -> dict[str, float]:
+    """Median standalone JCT per job profile."""
+    by_profile: dict[str, list[float]] = {}
+    for trial in trials:
+        if trial.profile:
+            by_profile.setdefault(trial.profile, []).append(trial.jobs[0].jct_s)
+    return {key: statistics.median(values) for key, values in by_profile.items()}
+
+
+@dataclass(frozen=True)
+class PolicySummary:
+    policy: str
+    reps: int
+    avg_jct_s: float
+    """Median over repetitions of the average JCT."""
+    job_jct_s: dict[str, float]
+    """Median over repetitions, per job."""
+    slowdown: dict[str, float]
+    """Per job: median JCT / standalone JCT."""
+    max_slowdown: float
+    spread_median_s: float
+    """Median straggler spread over every iteration of every job and repetition."""
+    spread_p90_s: float
+    utilisation: float
+    """Median over repetitions."""
+    ratio_to_bound: float
+
+
+@dataclass(frozen=True)
+class ScenarioSummary:
+    scenario: Scenario
+    lower_bound_s: float
+    alone_s: dict[str, float]
+    link_s: dict[str, float]
+    policies: list[PolicySummary] = field(default_factory=list)
+
+
+def _percentile(values: Sequence[float], q: float) -> float:
+    ordered = sorted(values)
+    return ordered[min(len(ordered) - 1, int(q * len(ordered)))] if ordered else float("nan")
+
+
+def summarize(
+    scenario: Scenario,
+    rate_bps: int,
+    trials: Iterable[Trial],
+    alone_by_profile: Mapping[str, float],
+    policy_order: Sequence[str],
+) -> ScenarioSummary:
+    alone = {job.name: alone_by_profile[profile_key(job)] for job in scenario.jobs}
+    link = {job.name: link_seconds(job.pushed_bytes, rate_bps) for job in scenario.jobs}
+    arrival = {job.name: job.start_s for job in scenario.jobs}
+    bound = lower_bound_avg_jct(alone, link, arrival)
+    summary = ScenarioSummary(scenario, bound, alone, link)
+    mine = [t for t in trials if t.scenario == scenario.key and not t.profile]
+    for policy in policy_order:
+        runs = [t for t in mine if t.policy == policy]
+        if not runs:
+            continue
+        averages = [statistics.mean(j.jct_s for j in t.jobs) for t in runs]
+        per_job = {
+            job.name: statistics.median(j.jct_s for t in runs for j in t.jobs if j.name == job.name)
+            for job in scenario.jobs
+        }
+        slowdown = {name: per_job[name] / alone[name] for name in per_job}
+        spreads = [s for t in runs for j in t.jobs for s in j.spreads_s]
+        avg = statistics.median(averages)
+        summary.policies.append(
+            PolicySummary(
+                policy=policy,
+                reps=len(runs),
+                avg_jct_s=avg,
+                job_jct_s=per_job,
+                slowdown=slowdown,
+                max_slowdown=max(slowdown.values()),
+                spread_median_s=statistics.median(spreads) if spreads else float("nan"),
+                spread_p90_s=_percentile(spreads, 0.9),
+                utilisation=statistics.median(t.utilisation for t in runs),
+                ratio_to_bound=avg / bound,
+            )
+        )
+    return summary

@@ -1,0 +1,268 @@
+"""Runs one scenario under one policy on the emulated cluster, and measures it.
+
+The cluster (tensorlights.testbed.cluster): a PS host `ps` and worker hosts `w1`, `w2` on a
+bridge. The PS host's `eth0` egress is the bottleneck: a FIFO at the link rate (tbf) without
+TensorLights, the agent's HTB with it, or the baselines' `tc` trees. Jobs start at their
+arrival offsets; each is identified only by its launcher's TF_CONFIG. Everything a run starts
+is stopped and the interface is left with the kernel's default qdisc afterwards.
+"""
+
+from __future__ import annotations
+
+import json
+import logging
+import statistics
+import subprocess
+import sys
+import time
+from collections.abc import Sequence
+from dataclasses import dataclass
+from pathlib import Path
+from typing import Protocol
+
+from tensorlights.agent.status import read_status
+from tensorlights.bench import legacy_tc
+from tensorlights.bench.results import JobRun, Trial
+from tensorlights.bench.scenarios import WORKER_HOSTS, JobSpec, Policy
+from tensorlights.errors import TransientError
+from tensorlights.testbed import netns
+from tensorlights.testbed.cluster import Cluster
+from tensorlights.testbed.psjob import RunningJob, start_job, tf_launcher_env
+from tensorlights.testbed.socket_holder import clean_env
+
+log = logging.getLogger(__name__)
+
+PS_HOST = "ps"
+HOSTS = (PS_HOST, *WORKER_HOSTS)
+IFNAME = "eth0"
+POLL_S = 0.05
+
+
+@dataclass(frozen=True)
+class RunOptions:
+    rate_bps: int
+    interval: str = "3s"
+    """The agent's rotation slot (policy rotate)."""
+    original_interval_s: float = 20.0
+    """The prototype's rotation period."""
+    timeout_s: float = 600.0
+
+
+class Driver(Protocol):
+    """What controls the PS host's egress during a run."""
+
+    def start(self) -> None: ...
+    def job_started(self, index: int, port: int) -> None: ...
+    def tick(self, now: float) -> None: ...
+    def stop(self) -> int:
+        """Tear down; returns the qdisc rebuilds done (0 where that does not apply)."""
+        ...
+
+
+class FifoLink:
+    """No TensorLights: one FIFO queue drained at the link rate."""
+
+    def __init__(self, ns: str, rate_bps: int) -> None:
+        self.ns, self.rate_bps = ns, rate_bps
+
+    def start(self) -> None:
+        netns.fifo_bottleneck(self.ns, IFNAME, f"{self.rate_bps}bit")
+
+    def job_started(self, index: int, port: int) -> None:
+        pass
+
+    def tick(self, now: float) -> None:
+        pass
+
+    def stop(self) -> int:
+        netns.run(["tc", "-n", self.ns, "qdisc", "del", "dev", IFNAME, "root"], check=False)
+        return 0
+
+
+class LegacyTree:
+    """The baselines built with `tc` (legacy_tc): per-job classes for every job of the
+    scenario from the start; a job's port filter is added when its PS listens, as the
+    prototype's launcher knew its ports. `rotate_every_s` set: the original TL-RR, which
+    rebuilds the whole tree with the next job on top; unset: fair (equal priorities)."""
+
+    def __init__(self, ns: str, rate_bps: int, jobs: int, rotate_every_s: float | None) -> None:
+        self.ns, self.rate_bps, self.rotate_every_s = ns, rate_bps, rotate_every_s
+        self.ports: list[list[int]] = [[] for _ in range(jobs)]
+        self.green = 0
+        self.rebuilds = 0
+        self.last_rebuild = 0.0
+
+    def _commands(self) -> list[list[str]]:
+        if self.rotate_every_s is None:
+            prios = [0] * len(self.ports)
+        else:
+            prios = legacy_tc.original_prios(len(self.ports), self.green)
+        return legacy_tc.htb_commands(
+            IFNAME, self.rate_bps, self.ports, prios, fair=self.rotate_every_s is None
+        )
+
+    def start(self) -> None:
+        legacy_tc.rebuild(self.ns, self._commands())
+        self.last_rebuild = time.monotonic()
+
+    def job_started(self, index: int, port: int) -> None:
+        self.ports[index].append(port)
+        netns.run(["tc", "-n", self.ns, *legacy_tc.port_filter(IFNAME, port, index)])
+
+    def tick(self, now: float) -> None:
+        if self.rotate_every_s is None or now - self.last_rebuild < self.rotate_every_s:
+            return
+        self.green = (self.green + 1) % len(self.ports)
+        legacy_tc.rebuild(self.ns, self._commands())
+        self.rebuilds += 1
+        self.last_rebuild += self.rotate_every_s
+
+    def stop(self) -> int:
+        netns.run(["tc", "-n", self.ns, "qdisc", "del", "dev", IFNAME, "root"], check=False)
+        return self.rebuilds
+
+
+class AgentOnHost:
+    """The real agent process, standalone, on the PS host."""
+
+    def __init__(self, cluster: Cluster, workdir: Path, policy: str, options: RunOptions) -> None:
+        self.host = cluster.hosts[PS_HOST]
+        self.workdir = workdir
+        self.policy, self.options = policy, options
+        self.proc: subprocess.Popen[bytes] | None = None
+
+    def start(self) -> None:
+        self.workdir.mkdir(parents=True, exist_ok=True)
+        (self.workdir / "agent.toml").write_text("")
+        sock = self.workdir / "agent.sock"
+        command = [
+            sys.executable, "-m", "tensorlights.cli.agent", "run", "--config",
+            str(self.workdir / "agent.toml"), "--interface", IFNAME, "--link-rate",
+            f"{self.options.rate_bps}bit", "--policy", self.policy, "--interval",
+            self.options.interval, "--standalone", "--status-socket", str(sock),
+            "--state-dir", str(self.workdir / "state"), "--log-level", "warning",
+        ]  # fmt: skip
+        with open(self.workdir / "agent.log", "ab") as log_file:
+            self.proc = subprocess.Popen(
+                self.host.exec_args(*command), stderr=log_file, env=clean_env()
+            )
+        deadline = time.monotonic() + 30
+        while time.monotonic() < deadline:
+            if self.proc.poll() is not None:
+                raise RuntimeError(
+                    f"the agent exited with {self.proc.returncode}; see {self.workdir}/agent.log"
+                )
+            try:
+                if read_status(sock, timeout_s=2).get("healthy"):
+                    return
+            except (TransientError, OSError, json.JSONDecodeError):
+                pass
+            time.sleep(0.1)
+        raise RuntimeError("the agent did not complete its first pass within 30 s")
+
+    def job_started(self, index: int, port: int) -> None:
+        pass  # the agent finds the PS by itself
+
+    def tick(self, now: float) -> None:
+        if self.proc is not None and self.proc.poll() is not None:
+            raise RuntimeError(f"the agent exited with {self.proc.returncode} during the run")
+
+    def stop(self) -> int:
+        if self.proc is not None and self.proc.poll() is None:
+            self.proc.terminate()  # restores the kernel's default qdisc
+            try:
+                self.proc.wait(20)
+            except subprocess.TimeoutExpired:
+                self.proc.kill()
+                self.proc.wait()
+        netns.run(["tc", "-n", self.host.ns, "qdisc", "del", "dev", IFNAME, "root"], check=False)
+        return 0
+
+
+def make_driver(
+    policy: Policy, cluster: Cluster, jobs: int, workdir: Path, options: RunOptions
+) -> Driver:
+    ns = cluster.hosts[PS_HOST].ns
+    if policy in (Policy.FIFO, Policy.ALONE):
+        return FifoLink(ns, options.rate_bps)
+    if policy is Policy.FAIR:
+        return LegacyTree(ns, options.rate_bps, jobs, None)
+    if policy is Policy.TL_RR_ORIGINAL:
+        return LegacyTree(ns, options.rate_bps, jobs, options.original_interval_s)
+    return AgentOnHost(cluster, workdir, policy.value, options)
+
+
+def _tx_bytes(ns: str) -> int:
+    path = f"/sys/class/net/{IFNAME}/statistics/tx_bytes"
+    return int(netns.run(netns.in_ns(ns, "cat", path)).stdout)
+
+
+def run_trial(
+    cluster: Cluster,
+    scenario: str,
+    jobs: Sequence[JobSpec],
+    policy: Policy,
+    rep: int,
+    options: RunOptions,
+    workdir: Path,
+    profile: str = "",
+) -> Trial:
+    """Run `jobs` (at their arrival offsets) to completion under `policy`; measure them."""
+    ps = cluster.hosts[PS_HOST]
+    workers = [cluster.hosts[name].exec_args() for name in WORKER_HOSTS]
+    driver = make_driver(policy, cluster, len(jobs), workdir, options)
+    running: dict[int, RunningJob] = {}
+    pending = sorted(range(len(jobs)), key=lambda i: jobs[i].start_s)
+    try:
+        driver.start()
+        tx_before = _tx_bytes(ps.ns)
+        started = time.monotonic()
+        deadline = started + options.timeout_s
+        while pending or any(job.ps.poll() is None for job in running.values()):
+            now = time.monotonic()
+            if now > deadline:
+                raise RuntimeError(f"{scenario}/{policy}: jobs still running after the timeout")
+            while pending and now - started >= jobs[pending[0]].start_s:
+                index = pending.pop(0)
+                spec = jobs[index]
+                tag = f"{scenario}-{spec.name}-{policy}-{rep}-{cluster.run_id}"
+                running[index] = start_job(
+                    ps.exec_args(), workers, ps.ipv4,
+                    clean_env(tf_launcher_env(tag, spec.workers)), spec.workers,
+                    spec.model_bytes, spec.iterations, spec.compute_s,
+                )  # fmt: skip
+                driver.job_started(index, running[index].port)
+            driver.tick(now)
+            time.sleep(POLL_S)
+        runs = []
+        for index, job in sorted(running.items()):
+            received = job.received(timeout=60)
+            summary = job.summary or {}
+            if summary.get("errors") or summary.get("finished_at") is None:
+                raise RuntimeError(f"{scenario}/{policy}: job {jobs[index].name} failed: {summary}")
+            spreads = tuple(max(t) - min(t) for t in zip(*received, strict=True))
+            runs.append(
+                JobRun(
+                    jobs[index].name,
+                    summary["listening_at"] - started,
+                    summary["finished_at"] - summary["listening_at"],
+                    spreads,
+                )
+            )
+        tx_after = _tx_bytes(ps.ns)
+    finally:
+        for job in running.values():
+            job.kill()
+        rebuilds = driver.stop()
+    first = min(r.arrival_s for r in runs)
+    last = max(r.arrival_s + r.jct_s for r in runs)
+    trial = Trial(
+        scenario, policy.value, rep, options.rate_bps, tuple(runs), tx_after - tx_before,
+        last - first, rebuilds, profile,
+    )  # fmt: skip
+    log.info(
+        "%s %s rep %d: avg JCT %.2f s, link %.0f%%",
+        scenario, policy.value, rep, statistics.mean(r.jct_s for r in runs),
+        trial.utilisation * 100,
+    )  # fmt: skip
+    return trial

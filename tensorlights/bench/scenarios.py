@@ -1,0 +1,162 @@
+"""The benchmark's scenarios and the policies compared (pure data).
+
+Every scenario runs on the same emulated cluster: one PS host whose egress link (`rate`,
+300 Mbit by default) is the bottleneck, and two worker hosts. Workers are spread round-robin
+over the worker hosts, so jobs share them.
+"""
+
+from __future__ import annotations
+
+import math
+from dataclasses import dataclass, replace
+from enum import StrEnum
+
+from tensorlights.errors import ConfigError
+
+MB = 1_000_000
+WORKER_HOSTS = ("w1", "w2")
+
+
+class Policy(StrEnum):
+    """What controls the PS host's egress during a run."""
+
+    FIFO = "fifo"
+    """No agent: one FIFO queue at the link rate (tbf)."""
+    FAIR = "fair"
+    """Per-job HTB classes with equal rate and priority (no light): `tc`, built once."""
+    STATIC = "static"
+    """The agent, `--policy static`: TL-One, a fixed order."""
+    TL_RR_ORIGINAL = "tl-rr-original"
+    """The HPBDC'19 prototype: the qdisc deleted and rebuilt with `tc` every 20 s, the top
+    priority moving to the next job each time."""
+    ROTATE = "rotate"
+    """The agent's default, `--policy rotate`: the light moves every interval."""
+    ALONE = "alone"
+    """(Profiles, not compared) one job alone on a FIFO link: its standalone JCT."""
+
+
+COMPARED = (Policy.FIFO, Policy.FAIR, Policy.STATIC, Policy.TL_RR_ORIGINAL, Policy.ROTATE)
+
+
+@dataclass(frozen=True)
+class JobSpec:
+    """One synthetic PS job (tensorlights.testbed.psjob)."""
+
+    name: str
+    model_bytes: int
+    workers: int
+    compute_s: float
+    iterations: int
+    start_s: float = 0.0
+    """Arrival, seconds after the run starts."""
+
+    @property
+    def profile(self) -> tuple[int, int, float, int]:
+        """What determines its standalone run (arrival does not)."""
+        return (self.model_bytes, self.workers, self.compute_s, self.iterations)
+
+    @property
+    def pushed_bytes(self) -> int:
+        """Payload the PS sends over the run: the model to every worker, every iteration."""
+        return self.model_bytes * self.workers * self.iterations
+
+
+@dataclass(frozen=True)
+class Scenario:
+    key: str
+    title: str
+    description: str
+    jobs: tuple[JobSpec, ...]
+
+    def scaled(self, factor: float) -> Scenario:
+        """The same scenario with `factor` times the iterations (and arrival offsets)."""
+        if not factor > 0:
+            raise ConfigError(f"scale must be positive, got {factor}")
+        return replace(
+            self,
+            jobs=tuple(
+                replace(
+                    job,
+                    iterations=max(2, math.ceil(job.iterations * factor)),
+                    start_s=job.start_s * factor,
+                )
+                for job in self.jobs
+            ),
+        )
+
+
+def _jobs(
+    count: int, model_mb: float, workers: int, compute_s: float, iterations: int
+) -> tuple[JobSpec, ...]:
+    return tuple(
+        JobSpec(f"j{i + 1}", int(model_mb * MB), workers, compute_s, iterations)
+        for i in range(count)
+    )
+
+
+SCENARIOS: dict[str, Scenario] = {
+    s.key: s
+    for s in (
+        Scenario(
+            "a",
+            "comm-heavy, 2 jobs",
+            "2 jobs x 2 workers, 6 MB model, 100 ms compute: each job's push takes 3x its "
+            "compute, so the link is busy almost all the time with either job alone.",
+            _jobs(2, 6, 2, 0.1, 25),
+        ),
+        Scenario(
+            "b",
+            "overload, 3 jobs",
+            "3 jobs x 2 workers, 4 MB model, 250 ms compute: the three pushes together (0.67 s "
+            "at 300 Mbit) exceed what the link can carry while any one job computes.",
+            _jobs(3, 4, 2, 0.25, 25),
+        ),
+        Scenario(
+            "c",
+            "straggler-prone, 3 jobs x 4 workers",
+            "3 jobs x 4 workers sharing the two worker hosts, 2 MB model, 250 ms compute: "
+            "interleaved pushes finish at different times on different workers.",
+            _jobs(3, 2, 4, 0.25, 25),
+        ),
+        Scenario(
+            "d",
+            "mixed model sizes",
+            "3 jobs x 2 workers with 1, 3 and 6 MB models, 200 ms compute: small jobs stuck "
+            "behind big pushes under FIFO.",
+            (
+                JobSpec("small", 1 * MB, 2, 0.2, 25),
+                JobSpec("medium", 3 * MB, 2, 0.2, 25),
+                JobSpec("large", 6 * MB, 2, 0.2, 25),
+            ),
+        ),
+        Scenario(
+            "e",
+            "staggered arrivals",
+            "3 jobs x 2 workers, 4 MB model, 250 ms compute, arriving 0, 5 and 10 s apart.",
+            tuple(replace(job, start_s=5.0 * i) for i, job in enumerate(_jobs(3, 4, 2, 0.25, 25))),
+        ),
+    )
+}
+
+
+def select(keys: str) -> list[Scenario]:
+    """'a,c' -> those scenarios; 'all' -> every one."""
+    if keys == "all":
+        return list(SCENARIOS.values())
+    chosen = [key.strip() for key in keys.split(",") if key.strip()]
+    unknown = [key for key in chosen if key not in SCENARIOS]
+    if unknown or not chosen:
+        raise ConfigError(f"unknown scenario {unknown or keys!r}; choose from {sorted(SCENARIOS)}")
+    return [SCENARIOS[key] for key in chosen]
+
+
+def select_policies(names: str) -> list[Policy]:
+    """'fifo,rotate' -> those policies; 'all' -> every compared one."""
+    if names == "all":
+        return list(COMPARED)
+    chosen = [name.strip() for name in names.split(",") if name.strip()]
+    valid = {p.value for p in COMPARED}
+    unknown = [name for name in chosen if name not in valid]
+    if unknown or not chosen:
+        raise ConfigError(f"unknown policy {unknown or names!r}; choose from {sorted(valid)}")
+    return [Policy(name) for name in chosen]

@@ -1,0 +1,57 @@
+"""The benchmark runner end to end, at a tiny scale: real namespaces, real jobs, the real agent
+and the baselines' real `tc` trees; the report is written and a rerun resumes."""
+
+from __future__ import annotations
+
+import json
+import subprocess
+import sys
+from pathlib import Path
+
+import pytest
+
+from tensorlights.testbed import netns
+
+pytestmark = pytest.mark.root
+
+BENCH = [sys.executable, "-m", "tensorlights.bench"]
+
+
+def test_a_quick_benchmark_runs_every_policy_and_writes_the_report(tmp_path: Path) -> None:
+    before = set(netns.run(["ip", "netns", "list"]).stdout.split())
+    out = tmp_path / "results"
+    args = [
+        *BENCH, "run", "--scenarios", "b", "--policies", "fifo,fair,tl-rr-original,rotate",
+        "--reps", "1", "--scale", "0.2", "--interval", "500ms", "--original-interval", "1s",
+        "--out", str(out),
+    ]  # fmt: skip
+    result = subprocess.run(args, capture_output=True, text=True, timeout=240)
+    assert result.returncode == 0, result.stdout + result.stderr
+    trials = [json.loads(line) for line in (out / "trials.jsonl").read_text().splitlines()]
+    by_policy = {t["policy"]: t for t in trials}
+    assert set(by_policy) == {"alone", "fifo", "fair", "tl-rr-original", "rotate"}
+    for trial in trials:
+        for job in trial["jobs"]:
+            assert job["jct_s"] > 0 and len(job["spreads_s"]) == 5
+        assert trial["link_bytes"] >= sum(4_000_000 * 2 * 5 for _ in trial["jobs"])
+    assert by_policy["tl-rr-original"]["rebuilds"] >= 1  # it rebuilt its qdisc with tc
+    report = (out / "report.md").read_text()
+    assert "Lower bound on average JCT" in report and "| TL-RR original (tc rebuild) |" in report
+    assert (out / "overview.png").stat().st_size > 0 and (out / "scenario_b.png").exists()
+    assert "TensorLights rotate" in result.stdout  # the summary table is printed
+
+    again = subprocess.run(args, capture_output=True, text=True, timeout=60)
+    assert again.returncode == 0 and "5 runs (5 already recorded)" in again.stdout
+    other = subprocess.run([*args[:-2], "--rate", "100mbit", "--out", str(out)],
+                           capture_output=True, text=True, timeout=60)  # fmt: skip
+    assert other.returncode != 0 and "other settings" in other.stderr
+    assert set(netns.run(["ip", "netns", "list"]).stdout.split()) <= before
+
+
+def test_bad_arguments_are_refused_before_anything_runs(tmp_path: Path) -> None:
+    result = subprocess.run(
+        [*BENCH, "run", "--scenarios", "q", "--out", str(tmp_path / "x")],
+        capture_output=True, text=True, timeout=60,
+    )  # fmt: skip
+    assert result.returncode == 2 and "unknown scenario" in result.stderr
+    assert not (tmp_path / "x").exists()

@@ -1,0 +1,193 @@
+"""The benchmark's pure parts: the lower bound, scenarios, summaries, the baselines' `tc`
+commands and the report."""
+
+from __future__ import annotations
+
+import itertools
+
+import pytest
+from hypothesis import given, settings
+from hypothesis import strategies as st
+
+from tensorlights.bench import legacy_tc, report
+from tensorlights.bench.bound import (
+    link_makespan,
+    link_seconds,
+    lower_bound_avg_jct,
+    wire_bytes,
+)
+from tensorlights.bench.results import JobRun, Trial, alone_jct, profile_key, summarize
+from tensorlights.bench.scenarios import (
+    COMPARED,
+    SCENARIOS,
+    JobSpec,
+    Scenario,
+    select,
+    select_policies,
+)
+from tensorlights.errors import ConfigError
+
+
+def test_wire_bytes_count_headers_per_segment() -> None:
+    assert wire_bytes(1448) == pytest.approx(1514)
+    assert link_seconds(1448 * 1000, 1514 * 8 * 1000) == pytest.approx(1.0)
+
+
+def test_bound_two_equal_jobs_sharing_a_link_with_no_compute() -> None:
+    # Pure communication (alone = link time 1 s each): the best is one after the other,
+    # completions 1 s and 2 s -> average 1.5 s; nothing can do better.
+    bound = lower_bound_avg_jct({"a": 1.0, "b": 1.0}, {"a": 1.0, "b": 1.0}, {"a": 0, "b": 0})
+    assert bound == pytest.approx(1.5)
+
+
+def test_bound_jobs_that_fit_together_are_bounded_by_their_standalone_times() -> None:
+    # Link time 1 s of a 10 s standalone run each: the link is no constraint.
+    bound = lower_bound_avg_jct({"a": 10.0, "b": 10.0}, {"a": 1.0, "b": 1.0}, {"a": 0, "b": 0})
+    assert bound == pytest.approx(10.0)
+
+
+def test_bound_with_arrivals_subtracts_them() -> None:
+    # b arrives when a is done with the link: no interference at all.
+    bound = lower_bound_avg_jct({"a": 2.0, "b": 2.0}, {"a": 2.0, "b": 2.0}, {"a": 0, "b": 2.0})
+    assert bound == pytest.approx(2.0)
+    # b arrives at 1 s: whichever finishes second ends at 4 s at the earliest.
+    overlap = lower_bound_avg_jct({"a": 2.0, "b": 2.0}, {"a": 2.0, "b": 2.0}, {"a": 0, "b": 1.0})
+    assert overlap == pytest.approx((2.0 + (4.0 - 1.0)) / 2)
+
+
+def test_link_makespan_idles_until_arrivals() -> None:
+    assert link_makespan(["a", "b"], {"a": 0, "b": 5}, {"a": 1, "b": 1}) == 6
+    assert link_makespan(["a", "b"], {"a": 0, "b": 0.5}, {"a": 1, "b": 1}) == 2
+
+
+def test_bound_refuses_inconsistent_or_too_many_jobs() -> None:
+    with pytest.raises(ConfigError):
+        lower_bound_avg_jct({"a": 1.0}, {"b": 1.0}, {"a": 0})
+    many = {str(i): 1.0 for i in range(9)}
+    with pytest.raises(ConfigError):
+        lower_bound_avg_jct(many, many, dict.fromkeys(many, 0.0))
+
+
+jobs_strategy = st.lists(
+    st.tuples(
+        st.floats(0.1, 20), st.floats(0.01, 1.0), st.sampled_from([0.0, 0.0, 1.0, 3.0])
+    ),  # alone, link share of alone, arrival
+    min_size=1,
+    max_size=4,
+)
+
+
+@settings(max_examples=200, deadline=None)
+@given(jobs_strategy)
+def test_bound_is_below_every_serial_schedule_and_above_both_simple_bounds(
+    jobs: list[tuple[float, float, float]],
+) -> None:
+    names = [f"j{i}" for i in range(len(jobs))]
+    alone = {n: a for n, (a, _, _) in zip(names, jobs, strict=True)}
+    link = {n: a * share for n, (a, share, _) in zip(names, jobs, strict=True)}
+    arrival = {n: t for n, (_, _, t) in zip(names, jobs, strict=True)}
+    bound = lower_bound_avg_jct(alone, link, arrival)
+    # Never below what each job needs alone ...
+    assert bound >= sum(alone.values()) / len(names) - 1e-9
+    # ... and never above a feasible schedule: jobs run one after the other, each at its
+    # standalone speed, in the best order (the link then is never shared).
+    best_serial = float("inf")
+    for order in itertools.permutations(names):
+        t, total = 0.0, 0.0
+        for n in order:
+            t = max(t, arrival[n]) + alone[n]
+            total += t - arrival[n]
+        best_serial = min(best_serial, total / len(names))
+    assert bound <= best_serial + 1e-9
+
+
+def test_scenarios_cover_the_issue_and_scale() -> None:
+    assert sorted(SCENARIOS) == ["a", "b", "c", "d", "e"]
+    assert len(SCENARIOS["a"].jobs) == 2
+    assert all(j.workers >= 4 for j in SCENARIOS["c"].jobs)
+    assert len({j.model_bytes for j in SCENARIOS["d"].jobs}) == 3
+    assert [j.start_s for j in SCENARIOS["e"].jobs] == [0, 5, 10]
+    half = SCENARIOS["e"].scaled(0.5)
+    assert [j.start_s for j in half.jobs] == [0, 2.5, 5]
+    assert all(j.iterations == 13 for j in half.jobs)
+    with pytest.raises(ConfigError):
+        SCENARIOS["a"].scaled(0)
+
+
+def test_selection_refuses_unknown_names() -> None:
+    assert [s.key for s in select("a, c")] == ["a", "c"]
+    assert len(select("all")) == 5
+    assert select_policies("all") == list(COMPARED)
+    with pytest.raises(ConfigError, match="unknown scenario"):
+        select("z")
+    with pytest.raises(ConfigError, match="unknown policy"):
+        select_policies("fifo,bogus")
+
+
+def test_original_prios_rotate_and_fold_into_seven_levels() -> None:
+    assert legacy_tc.original_prios(3, 0) == [0, 1, 2]
+    assert legacy_tc.original_prios(3, 1) == [2, 0, 1]
+    assert max(legacy_tc.original_prios(10, 0)) == 6
+
+
+def test_original_commands_rebuild_the_whole_tree() -> None:
+    cmds = legacy_tc.htb_commands("eth0", 300_000_000, [[5001], [5002, 5003]], [0, 1])
+    assert cmds[0] == ["qdisc", "del", "dev", "eth0", "root"]
+    assert cmds[1][:6] == ["qdisc", "add", "dev", "eth0", "root", "handle"]
+    classes = [c for c in cmds if c[0] == "class"]
+    assert len(classes) == 4  # root, default, two jobs
+    job2 = next(c for c in classes if "1:11" in c)
+    assert job2[job2.index("prio") + 1] == "1" and job2[job2.index("rate") + 1] == "1000000bit"
+    filters = [c for c in cmds if c[0] == "filter"]
+    assert [f[f.index("sport") + 1] for f in filters] == ["5001", "5002", "5003"]
+    assert filters[2][-1] == "1:11"
+
+
+def test_fair_tree_has_equal_rates_and_priorities() -> None:
+    cmds = legacy_tc.htb_commands("eth0", 300_000_000, [[1], [2], [3]], [0, 0, 0], fair=True)
+    jobs = [
+        c for c in cmds if c[0] == "class" and c[c.index("classid") + 1] in {"1:10", "1:11", "1:12"}
+    ]
+    assert {c[c.index("rate") + 1] for c in jobs} == {"95000000bit"}
+    assert {c[c.index("prio") + 1] for c in jobs} == {"0"}
+    assert all("quantum" in c for c in jobs)
+
+
+def _trial(policy: str, rep: int, jcts: dict[str, float], scenario: str = "t") -> Trial:
+    runs = tuple(JobRun(name, 0.0, jct, (0.01, 0.02, 0.2)) for name, jct in jcts.items())
+    return Trial(scenario, policy, rep, 100_000_000, runs, 10_000_000, max(jcts.values()))
+
+
+def test_summary_takes_medians_and_ratios() -> None:
+    spec = JobSpec("x", 1_000_000, 2, 0.1, 10)
+    scenario = Scenario("t", "test", "two equal jobs", (spec, JobSpec("y", 1_000_000, 2, 0.1, 10)))
+    alone_trials = [
+        Trial(f"alone:{profile_key(spec)}", "alone", r, 100_000_000, (JobRun("x", 0, t, ()),),
+              1, t, profile=profile_key(spec))
+        for r, t in enumerate([2.0, 2.2, 9.0])
+    ]  # fmt: skip
+    alone = alone_jct(alone_trials)
+    assert alone == {profile_key(spec): 2.2}
+    trials = [
+        _trial("fifo", 0, {"x": 3.0, "y": 3.0}),
+        _trial("fifo", 1, {"x": 4.0, "y": 4.0}),
+        _trial("fifo", 2, {"x": 30.0, "y": 30.0}),  # an outlier: the median ignores it
+        _trial("static", 0, {"x": 2.2, "y": 4.0}),
+    ]
+    summary = summarize(scenario, 100_000_000, trials, alone, ["fifo", "static", "fair"])
+    assert [p.policy for p in summary.policies] == ["fifo", "static"]
+    fifo, static = summary.policies
+    assert fifo.reps == 3 and fifo.avg_jct_s == 4.0
+    assert fifo.ratio_to_bound == pytest.approx(4.0 / summary.lower_bound_s)
+    assert static.slowdown == {"x": 1.0, "y": pytest.approx(4.0 / 2.2)}
+    assert static.spread_median_s == 0.02 and static.spread_p90_s == 0.2
+    assert 0 < static.utilisation <= 1
+    text = report.markdown([summary], {"rate": "100mbit", "reps": 3, "interval": "3s",
+                                       "original_interval_s": 20.0}, {})  # fmt: skip
+    assert "Lower bound on average JCT" in text and "| TL-One (static) | 3.10 |" in text
+    assert report.summary_table([summary])[2].startswith("| FIFO (no agent) | ")
+
+
+def test_trial_round_trips_through_json() -> None:
+    trial = _trial("rotate", 1, {"x": 3.0})
+    assert Trial.from_dict(trial.to_dict()) == trial
