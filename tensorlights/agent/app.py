@@ -141,6 +141,8 @@ class AgentApp:
             )
         )
         self._sampler = sampler
+        if sampler is not None:
+            reconciler.loads = lambda: sampler.loads(self.config.link_rate_bps or 1)
         metrics_server.start()
         status_server.start()
         if sampler is not None:

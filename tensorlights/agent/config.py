@@ -59,6 +59,10 @@ class AgentConfig:
     """None: read the link speed from the kernel at start (fails clearly if it has none)."""
     policy: PolicyName = PolicyName.ROTATE
     interval_s: float = 3.0
+    max_slowdown: float = 2.0
+    """pack: the starvation bound, a job's slowdown vs running alone."""
+    starvation_window_s: float = 120.0
+    """pack: the window the slowdown is measured over."""
     standalone: bool = True
     controller: str | None = None
     """The controller's HOST:PORT (with standalone = false)."""
@@ -89,7 +93,15 @@ class AgentConfig:
     def __post_init__(self) -> None:
         if not self.interface:
             raise ConfigError("no interface: set interface in the config file or --interface")
-        for name in ("interval_s", "scan_interval_s", "resync_interval_s", "health_max_age_s"):
+        if not (math.isfinite(self.max_slowdown) and self.max_slowdown > 1):
+            raise ConfigError(f"max_slowdown must be a number above 1, got {self.max_slowdown}")
+        for name in (
+            "interval_s",
+            "starvation_window_s",
+            "scan_interval_s",
+            "resync_interval_s",
+            "health_max_age_s",
+        ):
             value = getattr(self, name)
             if not (math.isfinite(value) and value > 0):
                 raise ConfigError(f"{name.removesuffix('_s')} must be a positive duration")
@@ -97,6 +109,10 @@ class AgentConfig:
             math.isfinite(self.telemetry_sample_interval_s) and self.telemetry_sample_interval_s > 0
         ):
             raise ConfigError("telemetry.sample_interval must be a positive duration")
+        if self.policy is PolicyName.PACK and not self.telemetry_enabled:
+            raise ConfigError(
+                "policy pack orders jobs by what telemetry measures: enable telemetry"
+            )
         if self.telemetry_min_push_bytes < 1:
             raise ConfigError("telemetry.min_push_bytes must be at least 1")
         if self.health_max_age_s <= self.scan_interval_s:
@@ -123,6 +139,8 @@ _FILE_KEYS = {
     "link_rate",
     "policy",
     "interval",
+    "max_slowdown",
+    "starvation_window",
     "standalone",
     "controller",
     "metrics_address",
@@ -160,6 +178,8 @@ def build_config(file_values: Mapping[str, Any], overrides: Mapping[str, Any]) -
             link_rate_bps=parse_rate(_text(values, "link_rate")) if "link_rate" in values else None,
             policy=_choice(PolicyName, values.get("policy", "rotate"), "policy"),
             interval_s=_duration(values, "interval", 3.0),
+            max_slowdown=_number(values, "max_slowdown", 2.0),
+            starvation_window_s=_duration(values, "starvation_window", 120.0),
             standalone=_flag(values, "standalone", "address" not in controller),
             **_controller(controller),
             metrics_address=parse_address(

@@ -9,7 +9,7 @@ kernel state is read back and diffed, which repairs out-of-band changes.
 from __future__ import annotations
 
 import time
-from collections.abc import Callable
+from collections.abc import Callable, Mapping
 from dataclasses import dataclass
 
 from tensorlights.agent.config import AgentConfig
@@ -19,6 +19,7 @@ from tensorlights.discovery.scanner import Scanner
 from tensorlights.model import DatapathSpec, DiscoverySnapshot, JobShaping
 from tensorlights.policy.bands import BandPlan, BandPolicy, PolicyName
 from tensorlights.policy.dscp_plan import desired_dscp
+from tensorlights.policy.packing import JobLoad
 from tensorlights.policy.schedule import PlanFollower
 
 
@@ -58,6 +59,16 @@ def shaped_jobs(snapshot: DiscoverySnapshot) -> set[str]:
     return {job for job, ports in snapshot.job_ports().items() if ports}
 
 
+def local_policy(config: AgentConfig) -> BandPolicy:
+    """The host's own policy, as configured (fresh state)."""
+    return BandPolicy(
+        config.policy,
+        config.interval_s,
+        max_slowdown=config.max_slowdown,
+        starvation_window_s=config.starvation_window_s,
+    )
+
+
 class Reconciler:
     def __init__(
         self,
@@ -72,18 +83,20 @@ class Reconciler:
         self.datapath = datapath
         self.marker = marker
         """DSCP marks in nftables, updated in the same pass as the tc bands (None: off)."""
-        self.policy = PlanFollower(BandPolicy(config.policy, config.interval_s))
+        self.policy = PlanFollower(local_policy(config))
         """The controller's plan while its lease runs, else the configured local policy."""
         self._clock = clock
         self._written: DatapathSpec | None = None
         self._next_resync = float("-inf")
         self._fifo_cleared = False
         self._scanned: tuple[float, DiscoverySnapshot] | None = None
+        self.loads: Callable[[], Mapping[str, JobLoad]] = dict
+        """What telemetry measures per job now (the `pack` policy's input)."""
 
     def reconfigure(self, config: AgentConfig) -> None:
         """A reloaded config: keeps the arrival order when the policy stays the same."""
-        if config.policy != self.config.policy or config.interval_s != self.config.interval_s:
-            self.policy.local = BandPolicy(config.policy, config.interval_s)
+        if local_policy(config) != local_policy(self.config):
+            self.policy.local = local_policy(config)
         if config.discovery != self.config.discovery:
             self.scanner.set_rules(config.discovery)
         if config.interface != self.config.interface:
@@ -109,7 +122,7 @@ class Reconciler:
             snapshot = self.scanner.scan()
             self._scanned = (now, snapshot)
         scanned = self._clock()
-        plan = self.policy.evaluate(now, shaped_jobs(snapshot))
+        plan = self.policy.evaluate(now, shaped_jobs(snapshot), self.loads())
         spec = desired_spec(self.config, snapshot, plan)
         ops, full = 0, False
         if spec is None:
@@ -152,7 +165,7 @@ class Reconciler:
     def dry_run(self) -> tuple[BandPlan, DatapathSpec | None, PlannedChange | None]:
         """What the next pass would program, touching nothing."""
         snapshot = self.scanner.scan()
-        plan = self.policy.evaluate(self._clock(), shaped_jobs(snapshot))
+        plan = self.policy.evaluate(self._clock(), shaped_jobs(snapshot), self.loads())
         spec = desired_spec(self.config, snapshot, plan)
         return plan, spec, (self.datapath.plan(spec) if spec is not None else None)
 

@@ -26,14 +26,10 @@ import itertools
 from collections.abc import Mapping
 
 from tensorlights.errors import ConfigError
+from tensorlights.policy.packing import HEADER_BYTES, MSS, wire_bytes
 
-MSS = 1448
-HEADER_BYTES = 14 + 20 + 20 + 12  # Ethernet, IPv4, TCP, TCP timestamps
+__all__ = ["HEADER_BYTES", "MSS", "link_seconds", "lower_bound_avg_jct", "wire_bytes"]
 MAX_JOBS = 8
-
-
-def wire_bytes(payload: int, mss: int = MSS, headers: int = HEADER_BYTES) -> float:
-    return payload * (mss + headers) / mss
 
 
 def link_seconds(payload: int, rate_bps: float) -> float:

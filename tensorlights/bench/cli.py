@@ -54,6 +54,10 @@ def main() -> None:
     help="The original prototype's rebuild period.",
 )  # fmt: skip
 @click.option(
+    "--starvation-window", default="60s", show_default=True,
+    help="The agent's starvation window under policy pack.",
+)  # fmt: skip
+@click.option(
     "--scale", type=float, default=1.0, show_default=True,
     help="Multiply every job's iterations and arrival offsets (0.2 for a quick look).",
 )  # fmt: skip
@@ -70,6 +74,7 @@ def run(
     rate: str,
     interval: str,
     original_interval: str,
+    starvation_window: str,
     scale: float,
     out: Path,
     no_plots: bool,
@@ -81,7 +86,10 @@ def run(
         chosen = [s.scaled(scale) for s in select(scenarios)]
         compared = select_policies(policies)
         parse_duration(interval)
-        options = RunOptions(parse_rate(rate), interval, parse_duration(original_interval))
+        parse_duration(starvation_window)
+        options = RunOptions(
+            parse_rate(rate), interval, parse_duration(original_interval), starvation_window
+        )
     except ConfigError as exc:
         raise click.UsageError(str(exc)) from None
     if os.geteuid() != 0:
@@ -95,6 +103,7 @@ def run(
         "scale": scale,
         "interval": interval,
         "original_interval_s": options.original_interval_s,
+        "starvation_window": starvation_window,
         "machine": f"{platform.node()}, {os.cpu_count()} CPUs, Linux {platform.release()}",
     }
     out.mkdir(parents=True, exist_ok=True)
@@ -185,7 +194,7 @@ def _resume(out: Path, meta: dict[str, Any]) -> set[tuple[str, str, int]]:
     meta_path = out / META
     if meta_path.exists():
         old = json.loads(meta_path.read_text())
-        settings = ("rate_bps", "scale", "interval", "original_interval_s")
+        settings = ("rate_bps", "scale", "interval", "original_interval_s", "starvation_window")
         if any(old.get(k) != meta[k] for k in settings):
             raise click.ClickException(
                 f"{out} holds runs with other settings ({ {k: old.get(k) for k in settings} }): "

@@ -16,6 +16,7 @@ LABELS = {
     "static": "TL-One (static)",
     "tl-rr-original": "TL-RR original (tc rebuild)",
     "rotate": "TensorLights rotate",
+    "pack": "TensorLights pack",
 }
 
 
@@ -87,7 +88,8 @@ def markdown(
         "the bottleneck, two worker hosts. Synthetic PS jobs (tensorlights.testbed.psjob), "
         f"identified by TF_CONFIG only. {meta['reps']} repetition(s), medians reported. "
         f"Agent rotation slot {meta['interval']}; the original prototype rebuilds its qdisc "
-        f"every {meta['original_interval_s']:g} s. Machine: {meta.get('machine', '?')}.",
+        f"every {meta['original_interval_s']:g} s. Policy pack: max slowdown 2 over a "
+        f"{meta.get('starvation_window', '120s')} window. Machine: {meta.get('machine', '?')}.",
         "",
         "Average JCT as a multiple of the lower bound (max per-job slowdown vs alone):",
         "",

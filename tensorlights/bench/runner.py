@@ -45,6 +45,8 @@ class RunOptions:
     """The agent's rotation slot (policy rotate)."""
     original_interval_s: float = 20.0
     """The prototype's rotation period."""
+    starvation_window: str = "60s"
+    """The agent's starvation window (policy pack): the benchmark's jobs last under a minute."""
     timeout_s: float = 600.0
 
 
@@ -133,7 +135,9 @@ class AgentOnHost:
 
     def start(self) -> None:
         self.workdir.mkdir(parents=True, exist_ok=True)
-        (self.workdir / "agent.toml").write_text("")
+        (self.workdir / "agent.toml").write_text(
+            f'starvation_window = "{self.options.starvation_window}"\n'
+        )
         sock = self.workdir / "agent.sock"
         command = [
             sys.executable, "-m", "tensorlights.cli.agent", "run", "--config",

@@ -30,12 +30,21 @@ class Policy(StrEnum):
     """The HPBDC'19 prototype: the qdisc deleted and rebuilt with `tc` every 20 s, the top
     priority moving to the next job each time."""
     ROTATE = "rotate"
-    """The agent's default, `--policy rotate`: the light moves every interval."""
+    """The agent, `--policy rotate`: the light moves every interval."""
+    PACK = "pack"
+    """The agent, `--policy pack`: measured demand, starvation bound (issue 9)."""
     ALONE = "alone"
     """(Profiles, not compared) one job alone on a FIFO link: its standalone JCT."""
 
 
-COMPARED = (Policy.FIFO, Policy.FAIR, Policy.STATIC, Policy.TL_RR_ORIGINAL, Policy.ROTATE)
+COMPARED = (
+    Policy.FIFO,
+    Policy.FAIR,
+    Policy.STATIC,
+    Policy.TL_RR_ORIGINAL,
+    Policy.ROTATE,
+    Policy.PACK,
+)
 
 
 @dataclass(frozen=True)
@@ -134,6 +143,13 @@ SCENARIOS: dict[str, Scenario] = {
             "staggered arrivals",
             "3 jobs x 2 workers, 4 MB model, 250 ms compute, arriving 0, 5 and 10 s apart.",
             tuple(replace(job, start_s=5.0 * i) for i, job in enumerate(_jobs(3, 4, 2, 0.25, 25))),
+        ),
+        Scenario(
+            "f",
+            "starvation-prone, 5 jobs",
+            "5 jobs x 2 workers, 4 MB model, 250 ms compute: two jobs fill the link, so under a "
+            "fixed order the last ones wait for the first ones to finish.",
+            _jobs(5, 4, 2, 0.25, 25),
         ),
     )
 }

@@ -5,6 +5,11 @@ Policies:
   static  the original TL-One: a fixed order (arrival order); the oldest job is green for as
           long as it runs, the next one takes over when it finishes.
   rotate  the original TL-RR: the green light moves to the next job every `interval`.
+  pack    uses what the host measures (policy/packing.py): jobs ordered by measured link
+          demand, smallest first, so those that fit on the link together run at their
+          standalone speed; a starvation bound promotes any job slowed down more than
+          `max_slowdown` over `starvation_window`; the order changes only between the green
+          job's pushes (at an iteration boundary), never mid-push.
 
 Folding N jobs into the K PS bands (0 .. K-1; the unmanaged class has its own band after
 them): band 0 belongs to the green job alone; the others keep their order and are spread
@@ -19,17 +24,23 @@ its job finished, in which case the next job in the order takes it at once.
 
 from __future__ import annotations
 
+from collections.abc import Mapping
 from dataclasses import dataclass, field
 from enum import StrEnum
 
 from tensorlights.errors import ConfigError
 from tensorlights.model import GREEN_BAND, NUM_BANDS
+from tensorlights.policy.packing import JobLoad, StarvationGuard, pack_order
+
+MAX_DEFER_S = 2.0
+"""`pack` waits at most this long for the green job's push to end before reordering."""
 
 
 class PolicyName(StrEnum):
     FIFO = "fifo"
     STATIC = "static"
     ROTATE = "rotate"
+    PACK = "pack"
 
 
 @dataclass(frozen=True)
@@ -71,22 +82,40 @@ class BandPolicy:
     name: PolicyName
     interval_s: float = 3.0
     ps_bands: int = NUM_BANDS - 1
+    max_slowdown: float = 2.0
+    starvation_window_s: float = 120.0
     _order: list[str] = field(default_factory=list, init=False)
     _green: str | None = field(default=None, init=False)
     _green_since: float | None = field(default=None, init=False)
+    _packed: list[str] = field(default_factory=list, init=False)
+    _reorder_wanted_since: float | None = field(default=None, init=False)
+    _guard: StarvationGuard | None = field(default=None, init=False)
 
     def __post_init__(self) -> None:
+        if not self.max_slowdown > 1:
+            raise ConfigError(f"max_slowdown must be above 1, got {self.max_slowdown}")
+        if not self.starvation_window_s > 0:
+            raise ConfigError(f"starvation_window must be positive, got {self.starvation_window_s}")
+        self._guard = StarvationGuard(self.max_slowdown, self.starvation_window_s)
         if not self.interval_s > 0:
             raise ConfigError(f"interval must be positive, got {self.interval_s}")
         if not 1 <= self.ps_bands <= NUM_BANDS - 1:
             raise ConfigError(f"ps_bands must be 1..{NUM_BANDS - 1}, got {self.ps_bands}")
 
-    def evaluate(self, now: float, jobs: set[str] | frozenset[str]) -> BandPlan:
+    def evaluate(
+        self,
+        now: float,
+        jobs: set[str] | frozenset[str],
+        loads: Mapping[str, JobLoad] | None = None,
+    ) -> BandPlan:
+        """`loads`: what telemetry measured per job (used by `pack` only)."""
         previous_green = self._green
         self._track(jobs)
         if self.name is PolicyName.FIFO or not self._order:
             self._green = self._green_since = None
             return BandPlan({}, tuple(self._order), None, None, None, previous_green is not None)
+        if self.name is PolicyName.PACK:
+            return self._pack(now, loads or {}, previous_green)
         if self.name is PolicyName.STATIC:
             self._set_green(self._order[0], now)
             next_change = None
@@ -106,6 +135,42 @@ class BandPolicy:
             next_change_at=next_change,
             rotated=self._green != previous_green,
         )
+
+    def _pack(
+        self, now: float, loads: Mapping[str, JobLoad], previous_green: str | None
+    ) -> BandPlan:
+        assert self._guard is not None
+        present = set(self._order)
+        self._guard.update(now, loads, present)
+        # Arrivals and departures take effect at once (an arrival joins at the end; when the
+        # green job left, the next one is green) ...
+        current = [job for job in self._packed if job in present]
+        current += [job for job in self._order if job not in current]
+        desired = pack_order(self._order, loads, self._guard.promoted)
+        # ... a reorder waits for the green job's push to end (its iteration boundary).
+        if desired != current:
+            if self._reorder_wanted_since is None:
+                self._reorder_wanted_since = now
+            top = loads.get(current[0])
+            if top is None or not top.busy or now - self._reorder_wanted_since >= MAX_DEFER_S:
+                current = desired
+        if desired == current:
+            self._reorder_wanted_since = None
+        self._packed = current
+        self._set_green(current[0], now)
+        return BandPlan(
+            bands=dict(zip(current, fold_bands(len(current), self.ps_bands), strict=True)),
+            order=tuple(current),
+            green=self._green,
+            green_since=self._green_since,
+            next_change_at=None,
+            rotated=self._green != previous_green,
+        )
+
+    @property
+    def promoted(self) -> dict[str, float]:
+        """Jobs `pack` promoted for the starvation bound, with their measured slowdown."""
+        return dict(self._guard.promoted) if self._guard is not None else {}
 
     def _track(self, jobs: set[str] | frozenset[str]) -> None:
         """Keep the arrival order; when the green job left, its successor inherits the light."""

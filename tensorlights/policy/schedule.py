@@ -23,6 +23,7 @@ from collections.abc import Iterable, Mapping
 from dataclasses import dataclass, field, replace
 
 from tensorlights.policy.bands import BandPlan, BandPolicy, fold_bands
+from tensorlights.policy.packing import JobLoad
 
 
 @dataclass(frozen=True)
@@ -203,14 +204,19 @@ class PlanFollower:
     def following(self, now: float) -> bool:
         return self.plan is not None and now < self.plan.lease_until
 
-    def evaluate(self, now: float, jobs: set[str] | frozenset[str]) -> BandPlan:
+    def evaluate(
+        self,
+        now: float,
+        jobs: set[str] | frozenset[str],
+        loads: Mapping[str, JobLoad] | None = None,
+    ) -> BandPlan:
         if self.plan is not None and now < self.plan.lease_until:
             result = self.plan.evaluate(now, jobs, self.local.ps_bands, self._green)
             lease_end = self.plan.lease_until
             if result.next_change_at is None or lease_end < result.next_change_at:
                 result = replace(result, next_change_at=lease_end)
         else:
-            result = self.local.evaluate(now, jobs)
+            result = self.local.evaluate(now, jobs, loads)
             result = replace(result, rotated=result.green != self._green)
         self._green = result.green
         return result

@@ -16,9 +16,12 @@ from collections.abc import Callable
 from tensorlights.discovery.sockdiag import SockDiag
 from tensorlights.errors import TensorLightsError
 from tensorlights.model import DiscoverySnapshot
+from tensorlights.policy.packing import JobLoad, job_load
 from tensorlights.telemetry.straggler import DEFAULT_MIN_PUSH_BYTES, Iteration, StragglerTracker
 
 RECENT_ITERATIONS = 200
+LOAD_ITERATIONS = 5
+"""A job's load is the median of its last this many iterations."""
 FULL_ROUND_EVERY = 10
 KEEP_ENDED_JOBS_S = 60.0
 """A finished job's last iterations stay in `recent()` this long (its final push closes only
@@ -43,6 +46,7 @@ class TelemetrySampler:
         self._lock = threading.Lock()
         self._recent: dict[str, deque[Iteration]] = {}
         self._last_seen: dict[str, float] = {}
+        self._iterations: dict[str, int] = {}
         self._diag: SockDiag | None = None
         self._stop = threading.Event()
         self._thread: threading.Thread | None = None
@@ -71,6 +75,25 @@ class TelemetrySampler:
     def recent(self) -> dict[str, list[Iteration]]:
         with self._lock:
             return {job: list(items) for job, items in self._recent.items()}
+
+    def loads(self, link_rate_bps: float) -> dict[str, JobLoad]:
+        """Per job with measured iterations: its load on a link of `link_rate_bps`."""
+        with self._lock:
+            busy = self.tracker.busy_jobs()
+            loads = {}
+            for job, items in self._recent.items():
+                last = list(items)[-LOAD_ITERATIONS:]
+                load = job_load(
+                    [i.pushed_bytes for i in last],
+                    [i.push_seconds for i in last],
+                    [i.period for i in last],
+                    self._iterations.get(job, 0),
+                    job in busy,
+                    link_rate_bps,
+                )
+                if load is not None:
+                    loads[job] = load
+            return loads
 
     def sent_counters(self) -> dict[str, tuple[int, int]]:
         """Per job: (bytes acknowledged, data segments sent) since tracking began."""
@@ -119,7 +142,9 @@ class TelemetrySampler:
                 if now - seen > KEEP_ENDED_JOBS_S:
                     del self._last_seen[job]
                     self._recent.pop(job, None)
+                    self._iterations.pop(job, None)
             for iteration in closed:
+                self._iterations[iteration.job] = self._iterations.get(iteration.job, 0) + 1
                 self._last_seen.setdefault(iteration.job, now)
                 self._recent.setdefault(iteration.job, deque(maxlen=RECENT_ITERATIONS)).append(
                     iteration

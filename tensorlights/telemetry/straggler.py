@@ -53,6 +53,8 @@ class Iteration:
     push_seconds: float
     period: float
     """Since the previous iteration's last completion."""
+    pushed_bytes: int = 0
+    """What the PS pushed to all its workers in this iteration."""
 
     @property
     def spread(self) -> float:
@@ -221,6 +223,7 @@ class StragglerTracker:
             connections=len(done),
             push_seconds=last - min(c.started_at for c in done),
             period=last - state.last_done,
+            pushed_bytes=sum(c.pushed_bytes for c in done),
         )
         state.last_done = last
         return [iteration]

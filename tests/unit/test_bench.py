@@ -102,7 +102,7 @@ def test_bound_is_below_every_serial_schedule_and_above_both_simple_bounds(
 
 
 def test_scenarios_cover_the_issue_and_scale() -> None:
-    assert sorted(SCENARIOS) == ["a", "b", "c", "d", "e"]
+    assert sorted(SCENARIOS) == ["a", "b", "c", "d", "e", "f"]
     assert len(SCENARIOS["a"].jobs) == 2
     assert all(j.workers >= 4 for j in SCENARIOS["c"].jobs)
     assert len({j.model_bytes for j in SCENARIOS["d"].jobs}) == 3
@@ -116,7 +116,7 @@ def test_scenarios_cover_the_issue_and_scale() -> None:
 
 def test_selection_refuses_unknown_names() -> None:
     assert [s.key for s in select("a, c")] == ["a", "c"]
-    assert len(select("all")) == 5
+    assert len(select("all")) == 6
     assert select_policies("all") == list(COMPARED)
     with pytest.raises(ConfigError, match="unknown scenario"):
         select("z")

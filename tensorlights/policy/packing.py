@@ -1,0 +1,199 @@
+"""The `pack` policy's inputs and ordering (pure: measurements and time come in as arguments).
+
+What the host measures per job (telemetry): the bytes one iteration pushes, the push time and
+the iteration period. From them:
+  link_s     the link time one iteration's pushes need at the link rate (wire bytes / rate);
+  compute_s  the gap between pushes (period - push time): the workers' compute, which does
+             not need the link;
+  demand     link_s / (link_s + compute_s): the share of the link the job uses running at
+             its standalone speed.
+
+Order (green first): starving jobs first (see below), then jobs by measured demand,
+smallest first -- with equal iterations that is shortest-job-first, and a prefix of the
+order whose demands sum to <= 1 fits on the link together: under strict priority the lower
+one's pushes slide into the upper one's compute gaps and both run at their standalone
+speed (a shared FIFO band would instead keep their pushes locked in phase, each stretching
+the other) -- then jobs not measured yet, in arrival order. Demands within x1.3 of a
+group's smallest count as equal and keep arrival order, so measurement noise does not
+reorder equal jobs.
+
+Starvation bound (StarvationGuard): a job whose time lost to waiting over the last
+`window_s` approaches what `max_slowdown` allows is promoted to the front (most behind
+first) until it has caught up.
+"""
+
+from __future__ import annotations
+
+import statistics
+from collections import deque
+from collections.abc import Mapping, Sequence
+from dataclasses import dataclass, field
+
+MSS = 1448
+HEADER_BYTES = 14 + 20 + 20 + 12  # Ethernet, IPv4, TCP, TCP timestamps
+DEMAND_BUCKET = 1.3
+PROMOTE_AT = 0.8
+RELEASE_AT = 0.5
+MIN_WINDOW_SHARE = 0.25
+
+
+def wire_bytes(payload: float, mss: int = MSS, headers: int = HEADER_BYTES) -> float:
+    """Bytes on the wire for a TCP payload sent in full-size segments."""
+    return payload * (mss + headers) / mss
+
+
+@dataclass(frozen=True)
+class JobLoad:
+    link_s: float
+    compute_s: float
+    iterations: int
+    """Iterations completed since the agent began to track the job."""
+    busy: bool
+    """A push of this job is in flight now."""
+
+    @property
+    def standalone_period_s(self) -> float:
+        return self.link_s + self.compute_s
+
+    @property
+    def demand(self) -> float:
+        period = self.standalone_period_s
+        return self.link_s / period if period > 0 else 1.0
+
+
+def job_load(
+    pushed_bytes: Sequence[int],
+    push_s: Sequence[float],
+    period_s: Sequence[float],
+    iterations: int,
+    busy: bool,
+    link_rate_bps: float,
+) -> JobLoad | None:
+    """A job's load from its recent iterations (medians); None without any."""
+    if not pushed_bytes or not push_s or not period_s:
+        return None
+    link_s = wire_bytes(statistics.median(pushed_bytes)) * 8 / link_rate_bps
+    gaps = [max(0.0, period - push) for period, push in zip(period_s, push_s, strict=False)]
+    return JobLoad(link_s, statistics.median(gaps), iterations, busy)
+
+
+@dataclass
+class StarvationGuard:
+    """Keeps every job's slowdown over any `window_s` under `max_slowdown` (F).
+
+    A job present for `present` seconds of the window that completed `done` iterations of
+    standalone period P has lost lag = present - done x P to waiting. Its slowdown over the
+    window is present / (present - lag), which stays <= F while lag <= (1 - 1/F) x present.
+    The guard promotes a job once its lag passes PROMOTE_AT of that (so it acts before the
+    bound is reached) -- measured against at least MIN_WINDOW_SHARE of the window, so a job's
+    first seconds of waiting do not count as starvation on their own -- and releases it when
+    its lag is back under half the threshold (its starved time leaves the window). A job never
+    measured (it has completed no iteration: starved from its start) has lag = present.
+    """
+
+    max_slowdown: float
+    window_s: float
+    _history: dict[str, deque[tuple[float, int]]] = field(default_factory=dict)
+    _first_seen: dict[str, float] = field(default_factory=dict)
+    promoted: dict[str, float] = field(default_factory=dict)
+    """Promoted job -> its lag (seconds) when last judged."""
+    effective_bound: float = 0.0
+    """The bound aimed for at the last update (see feasible_bound)."""
+
+    def lag(self, job: str, now: float, load: JobLoad | None) -> tuple[float, float]:
+        """(lag, present) over the window ending now."""
+        present = now - max(self._first_seen.get(job, now), now - self.window_s)
+        if load is None:
+            return present, present
+        # Iterations are counted from when the agent began to track the job, i.e. from its
+        # arrival (or the agent's start): the count at the window's start is the sample kept
+        # at or before it, or 0 when the job arrived within the window.
+        start = now - self.window_s
+        history = self._history.get(job)
+        start_n = 0
+        if self._first_seen.get(job, now) <= start and history and history[0][0] <= start:
+            start_n = history[0][1]
+        done = max(load.iterations - start_n, 0)
+        return max(present - done * load.standalone_period_s, 0.0), present
+
+    def threshold(self, present: float, bound: float | None = None) -> float:
+        floor = MIN_WINDOW_SHARE * self.window_s
+        return PROMOTE_AT * (1 - 1 / (bound or self.max_slowdown)) * max(present, floor)
+
+    def feasible_bound(self, loads: Mapping[str, JobLoad], jobs: set[str]) -> float:
+        """The slowdown bound that can be kept: `max_slowdown`, unless the jobs together
+        need more than that many links (sum of demands): then nobody can be kept under it,
+        and the guard aims for the sum instead of chasing an impossible bound."""
+        total = sum(loads[job].demand for job in jobs if job in loads)
+        return max(self.max_slowdown, total)
+
+    def update(self, now: float, loads: Mapping[str, JobLoad], jobs: set[str]) -> None:
+        for job in list(self._first_seen):
+            if job not in jobs:
+                del self._first_seen[job]
+                self._history.pop(job, None)
+                self.promoted.pop(job, None)
+        bound = self.feasible_bound(loads, jobs)
+        self.effective_bound = bound
+        candidates: dict[str, float] = {}
+        for job in jobs:
+            self._first_seen.setdefault(job, now)
+            load = loads.get(job)
+            if load is not None:
+                history = self._history.setdefault(job, deque())
+                if not history or history[-1][1] != load.iterations:
+                    history.append((now, load.iterations))
+                # Keep one sample at or before the window's start.
+                while len(history) > 1 and history[1][0] <= now - self.window_s:
+                    history.popleft()
+            lag, present = self.lag(job, now, load)
+            limit = self.threshold(present, bound)
+            if lag > limit or (job in self.promoted and lag >= RELEASE_AT * limit):
+                candidates[job] = lag
+        # Promote only as many as fit on the link together (the most behind first): more
+        # would just share the link and all stay behind.
+        self.promoted = {}
+        total = 0.0
+        for job in sorted(candidates, key=lambda j: -candidates[j]):
+            demand = loads[job].demand if job in loads else 1.0
+            if self.promoted and total + demand > 1.0:
+                break
+            self.promoted[job] = candidates[job]
+            total += demand
+
+
+def pack_order(
+    arrival_order: Sequence[str],
+    loads: Mapping[str, JobLoad],
+    promoted: Mapping[str, float],
+) -> list[str]:
+    """Green first: promoted (most behind first), measured by demand, then unmeasured."""
+    position = {job: i for i, job in enumerate(arrival_order)}
+    first = sorted((job for job in arrival_order if job in promoted), key=lambda j: -promoted[j])
+    measured = sorted(
+        (job for job in arrival_order if job not in promoted and job in loads),
+        key=lambda j: loads[j].demand,
+    )
+    # Demands within x1.3 of a group's smallest are equal: the group keeps arrival order.
+    groups: list[list[str]] = []
+    for job in measured:
+        if groups and loads[job].demand <= loads[groups[-1][0]].demand * DEMAND_BUCKET:
+            groups[-1].append(job)
+        else:
+            groups.append([job])
+    middle = [job for group in groups for job in sorted(group, key=position.__getitem__)]
+    last = [job for job in arrival_order if job not in promoted and job not in loads]
+    return first + middle + last
+
+
+def fits_together(order: Sequence[str], loads: Mapping[str, JobLoad]) -> list[str]:
+    """The prefix of `order` whose measured demands fit on the link together."""
+    group: list[str] = []
+    total = 0.0
+    for job in order:
+        load = loads.get(job)
+        if load is None or total + load.demand > 1.0:
+            break
+        group.append(job)
+        total += load.demand
+    return group

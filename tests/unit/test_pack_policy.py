@@ -1,0 +1,153 @@
+"""The `pack` policy (pure): loads from measurements, ordering by demand, the iteration
+boundary, and the starvation bound."""
+
+from __future__ import annotations
+
+import pytest
+from hypothesis import given, settings
+from hypothesis import strategies as st
+
+from tensorlights.errors import ConfigError
+from tensorlights.policy.bands import MAX_DEFER_S, BandPolicy, PolicyName
+from tensorlights.policy.packing import (
+    JobLoad,
+    StarvationGuard,
+    fits_together,
+    job_load,
+    pack_order,
+    wire_bytes,
+)
+
+RATE = 300_000_000
+
+
+def load(link_s: float, compute_s: float, iterations: int = 10, busy: bool = False) -> JobLoad:
+    return JobLoad(link_s, compute_s, iterations, busy)
+
+
+def test_job_load_from_measured_iterations() -> None:
+    # 8 MB per iteration at 300 Mbit: 0.2233 s on the wire; period 0.9 s with 0.65 s pushing
+    # (slowed by others): the compute gap is 0.25 s.
+    got = job_load([8_000_000] * 3, [0.65, 0.64, 0.66], [0.9, 0.9, 0.9], 7, True, RATE)
+    assert got is not None
+    assert got.link_s == pytest.approx(wire_bytes(8_000_000) * 8 / RATE)
+    assert got.compute_s == pytest.approx(0.25)
+    assert got.demand == pytest.approx(got.link_s / (got.link_s + 0.25))
+    assert got.iterations == 7 and got.busy
+    assert job_load([], [], [], 0, False, RATE) is None
+
+
+def test_order_smallest_demand_first_ties_keep_arrival() -> None:
+    loads = {"big": load(0.3, 0.2), "small": load(0.05, 0.2), "mid": load(0.15, 0.2)}
+    assert pack_order(["big", "mid", "small"], loads, {}) == ["small", "mid", "big"]
+    # Within 30% of each other: equal, arrival order stays (no reshuffling on noise).
+    noisy = {"a": load(0.22, 0.25), "b": load(0.20, 0.25), "c": load(0.23, 0.25)}
+    assert pack_order(["a", "b", "c"], noisy, {}) == ["a", "b", "c"]
+    # Unmeasured jobs after measured ones; promoted ones first, the most behind first.
+    assert pack_order(["new", "big", "small"], loads, {}) == ["small", "big", "new"]
+    assert pack_order(["a", "b", "c"], noisy, {"c": 3.0, "b": 9.0}) == ["b", "c", "a"]
+
+
+def test_fits_together_is_the_prefix_under_one_link() -> None:
+    loads = {"a": load(0.2, 0.3), "b": load(0.2, 0.3), "c": load(0.2, 0.3)}  # 0.4 each
+    assert fits_together(["a", "b", "c"], loads) == ["a", "b"]
+    assert fits_together(["x", "a"], loads) == []
+
+
+def test_guard_promotes_a_starved_job_and_releases_it_when_caught_up() -> None:
+    guard = StarvationGuard(max_slowdown=2.0, window_s=40.0)
+    jobs = {"a", "b"}
+    # b completes nothing for 10 s while a runs at full speed (P = 0.5 s).
+    for t in range(0, 11):
+        guard.update(float(t), {"a": load(0.25, 0.25, 2 * t), "b": load(0.25, 0.25, 0)}, jobs)
+    # Threshold: 0.8 x (1 - 1/2) x max(present, 0.25 x 40) = 4 s of lag; b has 10.
+    assert set(guard.promoted) == {"b"} and guard.promoted["b"] == pytest.approx(10.0)
+    # b now runs at full speed: its lag stays ~10 s while the window still holds its wait,
+    # then its starved time leaves the window and it is released.
+    t_release = None
+    for t in range(11, 80):
+        n = 2 * (t - 10)
+        guard.update(float(t), {"a": load(0.25, 0.25, 20), "b": load(0.25, 0.25, n)}, jobs)
+        if "b" not in guard.promoted and t_release is None:
+            t_release = t
+    assert t_release is not None and 30 <= t_release <= 55
+    guard.update(80.0, {"a": load(0.25, 0.25, 20)}, {"a"})
+    assert "b" not in guard.promoted
+
+
+def test_guard_promotes_a_job_never_measured() -> None:
+    guard = StarvationGuard(max_slowdown=2.0, window_s=40.0)
+    for t in range(0, 6):
+        guard.update(float(t), {}, {"x"})
+    assert "x" in guard.promoted  # 5 s waiting > 4 s threshold, and still no iteration
+
+
+def _pack(**kwargs: float) -> BandPolicy:
+    return BandPolicy(PolicyName.PACK, **kwargs)  # type: ignore[arg-type]
+
+
+def test_pack_reorders_only_at_the_green_jobs_iteration_boundary() -> None:
+    policy = _pack()
+    plan = policy.evaluate(0.0, {"big", "small"}, {})
+    assert plan.order == ("big", "small") and plan.green == "big"  # unmeasured: arrival
+    # Measured: small should lead, but big is mid-push: wait.
+    busy = {"big": load(0.3, 0.2, busy=True), "small": load(0.05, 0.2)}
+    assert policy.evaluate(0.5, {"big", "small"}, busy).green == "big"
+    idle = {"big": load(0.3, 0.2, busy=False), "small": load(0.05, 0.2)}
+    plan = policy.evaluate(0.75, {"big", "small"}, idle)
+    assert plan.order == ("small", "big") and plan.rotated and plan.bands == {"small": 0, "big": 1}
+    assert plan.next_change_at is None
+
+
+def test_pack_does_not_wait_forever_for_a_push_to_end() -> None:
+    policy = _pack()
+    policy.evaluate(0.0, {"big", "small"}, {})
+    busy = {"big": load(0.3, 0.2, busy=True), "small": load(0.05, 0.2)}
+    assert policy.evaluate(1.0, {"big", "small"}, busy).green == "big"
+    assert policy.evaluate(1.0 + MAX_DEFER_S, {"big", "small"}, busy).green == "small"
+
+
+def test_pack_arrivals_join_at_the_end_departures_pass_the_light_at_once() -> None:
+    policy = _pack()
+    loads = {"a": load(0.1, 0.3, busy=True), "b": load(0.1, 0.3)}
+    assert policy.evaluate(0.0, {"a", "b"}, loads).order == ("a", "b")
+    assert policy.evaluate(1.0, {"a", "b", "c"}, loads).order == ("a", "b", "c")
+    plan = policy.evaluate(2.0, {"b", "c"}, loads)
+    assert plan.green == "b" and plan.rotated
+
+
+def test_pack_promotes_a_starving_job_to_green() -> None:
+    policy = _pack(starvation_window_s=40.0)
+    jobs = {"a", "b"}
+    for t in range(0, 12):
+        plan = policy.evaluate(float(t), jobs, {"a": load(0.2, 0.3, 2 * t), "b": load(0.2, 0.3, 0)})
+    assert plan.green == "b" and "b" in policy.promoted
+
+
+def test_pack_settings_are_validated() -> None:
+    with pytest.raises(ConfigError, match="max_slowdown"):
+        _pack(max_slowdown=1.0)
+    with pytest.raises(ConfigError, match="starvation_window"):
+        _pack(starvation_window_s=0)
+
+
+@settings(max_examples=100, deadline=None)
+@given(
+    st.lists(
+        st.tuples(st.floats(0.01, 1.0), st.floats(0.0, 1.0), st.integers(0, 100), st.booleans()),
+        min_size=1,
+        max_size=8,
+    ),
+    st.floats(0, 1000),
+)
+def test_pack_plan_is_always_a_strict_order_of_every_job(
+    raw: list[tuple[float, float, int, bool]], now: float
+) -> None:
+    jobs = {f"j{i}" for i in range(len(raw))}
+    loads = {f"j{i}": JobLoad(*values) for i, values in enumerate(raw)}
+    policy = _pack()
+    for step in range(3):
+        plan = policy.evaluate(now + step, jobs, loads)
+        assert sorted(plan.order) == sorted(jobs) and plan.green == plan.order[0]
+        assert plan.bands[plan.order[0]] == 0
+        assert [plan.bands[j] for j in plan.order] == sorted(plan.bands.values())
