@@ -61,6 +61,7 @@ from tensorlights.model import (
     Registration,
     ReportedJob,
 )
+from tensorlights.policy.bands import PolicyName
 from tensorlights.policy.schedule import HostSchedule
 from tensorlights.rpc.agent_client import ControllerLink
 from tensorlights.telemetry.sampler import TelemetrySampler
@@ -98,6 +99,7 @@ class AgentApp:
         self._last_error = ""
         self._history: list[dict[str, Any]] = []
         self._sampler: TelemetrySampler | None = None
+        self._reconciler: Reconciler | None = None
         self._link: ControllerLink | None = None
         self._plans: queue.SimpleQueue[HostSchedule] = queue.SimpleQueue()
         self._incarnation = time.time_ns()
@@ -131,6 +133,7 @@ class AgentApp:
         marker = self._make_marker(config)
         scanner = Scanner(config.discovery)
         reconciler = Reconciler(config, scanner, datapath, self._clock, marker)
+        self._reconciler = reconciler
         metrics_server = MetricsServer(config.metrics_address, self.registry, self.health)
         status_server = StatusServer(config.status_socket, self.board)
         sampler = self._make_sampler(config)
@@ -480,6 +483,20 @@ class AgentApp:
                 for job, iterations in self._sampler.recent().items()
             }
             document["telemetry_error"] = self._sampler.last_error
+            if config.policy is PolicyName.PACK and self._reconciler is not None:
+                loads = self._sampler.loads(config.link_rate_bps or 1)
+                document["pack"] = {
+                    **self._reconciler.policy.local.pack_view(),
+                    "loads": {
+                        job: {
+                            "demand": load.demand,
+                            "link_s": load.link_s,
+                            "compute_s": load.compute_s,
+                            "iterations": load.iterations,
+                        }
+                        for job, load in loads.items()
+                    },
+                }
         return document
 
 

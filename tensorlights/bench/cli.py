@@ -54,7 +54,7 @@ def main() -> None:
     help="The original prototype's rebuild period.",
 )  # fmt: skip
 @click.option(
-    "--starvation-window", default="60s", show_default=True,
+    "--starvation-window", default="30s", show_default=True,
     help="The agent's starvation window under policy pack.",
 )  # fmt: skip
 @click.option(

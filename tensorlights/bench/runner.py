@@ -45,8 +45,8 @@ class RunOptions:
     """The agent's rotation slot (policy rotate)."""
     original_interval_s: float = 20.0
     """The prototype's rotation period."""
-    starvation_window: str = "60s"
-    """The agent's starvation window (policy pack): the benchmark's jobs last under a minute."""
+    starvation_window: str = "30s"
+    """The agent's starvation window (policy pack): the benchmark's jobs last 6-35 s."""
     timeout_s: float = 600.0
 
 

@@ -159,7 +159,8 @@ def _config_options(func: Any) -> Any:
             "--policy",
             type=click.Choice([p.value for p in PolicyName]),
             help="fifo: observe only; static: fixed order (TL-One); rotate: the green light "
-            "moves every interval (TL-RR) [default: rotate].",
+            "moves every interval (TL-RR); pack: order by measured demand with a starvation "
+            "bound (max_slowdown, starvation_window in the config) [default: rotate].",
         ),
         click.option("--interval", metavar="DURATION", help="Rotation slot, e.g. 3s, 500ms."),
         click.option(

@@ -169,8 +169,18 @@ class BandPolicy:
 
     @property
     def promoted(self) -> dict[str, float]:
-        """Jobs `pack` promoted for the starvation bound, with their measured slowdown."""
+        """Jobs `pack` promoted for the starvation bound, with their lag (seconds)."""
         return dict(self._guard.promoted) if self._guard is not None else {}
+
+    def pack_view(self) -> dict[str, object]:
+        """The starvation guard's state, for status."""
+        guard = self._guard
+        return {
+            "max_slowdown": self.max_slowdown,
+            "window_s": self.starvation_window_s,
+            "bound_aimed_for": guard.effective_bound if guard is not None else None,
+            "promoted_lag_s": self.promoted,
+        }
 
     def _track(self, jobs: set[str] | frozenset[str]) -> None:
         """Keep the arrival order; when the green job left, its successor inherits the light."""

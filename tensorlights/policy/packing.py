@@ -1,10 +1,11 @@
 """The `pack` policy's inputs and ordering (pure: measurements and time come in as arguments).
 
-What the host measures per job (telemetry): the bytes one iteration pushes, the push time and
-the iteration period. From them:
+What the host measures per job (telemetry): the bytes one iteration pushes and when each push
+starts and ends. From them:
   link_s     the link time one iteration's pushes need at the link rate (wire bytes / rate);
-  compute_s  the gap between pushes (period - push time): the workers' compute, which does
-             not need the link;
+  compute_s  the idle time before each push (from the previous iteration's end to the push's
+             start): the workers' compute, which does not need the link, however long the
+             push then waits in a queue;
   demand     link_s / (link_s + compute_s): the share of the link the job uses running at
              its standalone speed.
 
@@ -34,7 +35,6 @@ HEADER_BYTES = 14 + 20 + 20 + 12  # Ethernet, IPv4, TCP, TCP timestamps
 DEMAND_BUCKET = 1.3
 PROMOTE_AT = 0.8
 RELEASE_AT = 0.5
-MIN_WINDOW_SHARE = 0.25
 
 
 def wire_bytes(payload: float, mss: int = MSS, headers: int = HEADER_BYTES) -> float:
@@ -63,18 +63,17 @@ class JobLoad:
 
 def job_load(
     pushed_bytes: Sequence[int],
-    push_s: Sequence[float],
-    period_s: Sequence[float],
+    idle_s: Sequence[float],
     iterations: int,
     busy: bool,
     link_rate_bps: float,
 ) -> JobLoad | None:
-    """A job's load from its recent iterations (medians); None without any."""
-    if not pushed_bytes or not push_s or not period_s:
+    """A job's load from its recent iterations (medians): the bytes each pushed and the idle
+    time before each push (compute); None without any."""
+    if not pushed_bytes or not idle_s:
         return None
     link_s = wire_bytes(statistics.median(pushed_bytes)) * 8 / link_rate_bps
-    gaps = [max(0.0, period - push) for period, push in zip(period_s, push_s, strict=False)]
-    return JobLoad(link_s, statistics.median(gaps), iterations, busy)
+    return JobLoad(link_s, statistics.median(idle_s), iterations, busy)
 
 
 @dataclass
@@ -82,13 +81,13 @@ class StarvationGuard:
     """Keeps every job's slowdown over any `window_s` under `max_slowdown` (F).
 
     A job present for `present` seconds of the window that completed `done` iterations of
-    standalone period P has lost lag = present - done x P to waiting. Its slowdown over the
-    window is present / (present - lag), which stays <= F while lag <= (1 - 1/F) x present.
-    The guard promotes a job once its lag passes PROMOTE_AT of that (so it acts before the
-    bound is reached) -- measured against at least MIN_WINDOW_SHARE of the window, so a job's
-    first seconds of waiting do not count as starvation on their own -- and releases it when
-    its lag is back under half the threshold (its starved time leaves the window). A job never
-    measured (it has completed no iteration: starved from its start) has lag = present.
+    standalone period P has lost lag = present - done x P to waiting; over a full window its
+    slowdown is W / (W - lag), which stays <= F while lag <= (1 - 1/F) x W. The guard promotes
+    a job once its lag in the window passes PROMOTE_AT of that (it acts before the bound is
+    reached) and releases it when the lag is back under RELEASE_AT of it (its waiting has
+    left the window). A job never measured (no completed iteration: starved from its start)
+    has lag = present. A job younger than the window is held to the same allowance: its
+    first seconds of waiting are not starvation yet.
     """
 
     max_slowdown: float
@@ -116,9 +115,9 @@ class StarvationGuard:
         done = max(load.iterations - start_n, 0)
         return max(present - done * load.standalone_period_s, 0.0), present
 
-    def threshold(self, present: float, bound: float | None = None) -> float:
-        floor = MIN_WINDOW_SHARE * self.window_s
-        return PROMOTE_AT * (1 - 1 / (bound or self.max_slowdown)) * max(present, floor)
+    def threshold(self, bound: float | None = None) -> float:
+        """The lag allowed in a window, with PROMOTE_AT's margin."""
+        return PROMOTE_AT * (1 - 1 / (bound or self.max_slowdown)) * self.window_s
 
     def feasible_bound(self, loads: Mapping[str, JobLoad], jobs: set[str]) -> float:
         """The slowdown bound that can be kept: `max_slowdown`, unless the jobs together
@@ -146,8 +145,8 @@ class StarvationGuard:
                 # Keep one sample at or before the window's start.
                 while len(history) > 1 and history[1][0] <= now - self.window_s:
                     history.popleft()
-            lag, present = self.lag(job, now, load)
-            limit = self.threshold(present, bound)
+            lag, _ = self.lag(job, now, load)
+            limit = self.threshold(bound)
             if lag > limit or (job in self.promoted and lag >= RELEASE_AT * limit):
                 candidates[job] = lag
         # Promote only as many as fit on the link together (the most behind first): more

@@ -85,8 +85,7 @@ class TelemetrySampler:
                 last = list(items)[-LOAD_ITERATIONS:]
                 load = job_load(
                     [i.pushed_bytes for i in last],
-                    [i.push_seconds for i in last],
-                    [i.period for i in last],
+                    [i.idle_before_s for i in last if i.idle_before_s is not None],
                     self._iterations.get(job, 0),
                     job in busy,
                     link_rate_bps,

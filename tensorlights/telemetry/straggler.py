@@ -23,6 +23,7 @@ consecutive iterations; push time = last completion - the earliest estimated pus
 
 from __future__ import annotations
 
+import math
 from collections.abc import Iterable, Mapping
 from dataclasses import dataclass, field
 
@@ -55,6 +56,10 @@ class Iteration:
     """Since the previous iteration's last completion."""
     pushed_bytes: int = 0
     """What the PS pushed to all its workers in this iteration."""
+    idle_before_s: float | None = None
+    """From the previous iteration's last completion to this push's start (the middle of
+    the pushes' common start window): the workers' compute, gradient and barrier -- what
+    does not need the link. Unaffected by how long the push then waits in a queue."""
 
     @property
     def spread(self) -> float:
@@ -207,6 +212,7 @@ class StragglerTracker:
         """The open iteration, closed; [] while the job is warming up (then it only marks
         where the next period starts)."""
         done = list(state.open.values())
+        started_after, started_by = state.window
         state.open = {}
         state.window = (float("-inf"), float("inf"))
         if state.warming_up or state.last_done is None:
@@ -216,6 +222,9 @@ class StragglerTracker:
             return []
         first = min(c.at for c in done)
         last = max(c.at for c in done)
+        idle = None
+        if math.isfinite(started_after) and math.isfinite(started_by):
+            idle = max(0.0, (started_after + started_by) / 2 - state.last_done)
         iteration = Iteration(
             job=job,
             first_done=first,
@@ -224,6 +233,7 @@ class StragglerTracker:
             push_seconds=last - min(c.started_at for c in done),
             period=last - state.last_done,
             pushed_bytes=sum(c.pushed_bytes for c in done),
+            idle_before_s=idle,
         )
         state.last_done = last
         return [iteration]
