@@ -136,6 +136,7 @@ def _start_controller(
         "--socket", str(workdir / "tlctl.sock"), "--state-dir", str(workdir / "ctl-state"),
         "--tls-ca", str(pki / "ca.pem"), "--tls-cert", str(pki / "controller.pem"),
         "--tls-key", str(pki / "controller.key"), "--slot", args.interval,
+        "--policy", "pack" if args.policy == "pack" else "rotate",
         "--log-level", "error",
     ]  # fmt: skip
     controller = subprocess.Popen(pair.b.exec_args(*command), env=clean_env(), text=True)
@@ -175,7 +176,13 @@ def main(argv: list[str] | None = None) -> int:
         description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter
     )
     parser.add_argument("--rate", default="200mbit", help="the PS host's link (default 200mbit)")
-    parser.add_argument("--policy", default="rotate", choices=["static", "rotate"])
+    parser.add_argument(
+        "--policy",
+        default="rotate",
+        choices=["static", "rotate", "pack"],
+        help="pack: the controller ranks jobs by measured demand (and the agent falls back to "
+        "pack); otherwise the controller rotates and the agent falls back to this policy",
+    )
     parser.add_argument("--interval", default="2s", help="rotation slot (default 2s)")
     parser.add_argument("--iterations", type=int, default=15)
     parser.add_argument("--model-bytes", type=int, default=3_000_000)

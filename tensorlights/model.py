@@ -204,6 +204,8 @@ class ReportedJob:
     connections: int
     spread_s: float | None = None
     period_s: float | None = None
+    demand: float | None = None
+    """Share of the host's link it needs at standalone speed (policy/packing.py)."""
 
 
 @dataclass(frozen=True)

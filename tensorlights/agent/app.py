@@ -334,6 +334,9 @@ class AgentApp:
         namespace belongs to that namespace's host), with their telemetry."""
         ports = snapshot.job_ports()
         recent = self._sampler.recent() if self._sampler is not None else {}
+        loads = (
+            self._sampler.loads(self.config.link_rate_bps or 1) if self._sampler is not None else {}
+        )
         jobs = []
         for job in sorted(shaped_jobs(snapshot)):
             tasks = [t for t in snapshot.tasks if t.job == job and t.in_agent_netns]
@@ -348,6 +351,7 @@ class AgentApp:
                     connections=sum(len(t.connections) for t in tasks),
                     spread_s=statistics.median(spreads) if spreads else None,
                     period_s=statistics.median(periods) if periods else None,
+                    demand=min(loads[job].demand, 1.0) if job in loads else None,
                 )
             )
         return tuple(jobs)

@@ -46,6 +46,12 @@ def main() -> None:
 )
 @click.option("--socket", metavar="PATH", help=f"tlctl's Unix socket [default: {DEFAULT_SOCKET}].")
 @click.option("--metrics-address", metavar="HOST:PORT", help=f"[default: {DEFAULT_METRICS}]")
+@click.option(
+    "--policy",
+    type=click.Choice(["rotate", "pack"]),
+    help="rotate: a coordinated cycle of green slots; pack: one cluster-wide order by the "
+    "demand agents measure [default: rotate].",
+)
 @click.option("--slot", metavar="DURATION", help="Rotation slot length [default: 3s].")
 @click.option("--lease", metavar="DURATION", help="How long a plan holds unrenewed [default: 15s].")
 @click.option("--state-dir", metavar="DIR", help="Where the incarnation number is kept.")
@@ -83,7 +89,7 @@ def run(config_path: Path | None, log_level: str, **flags: Any) -> None:
         file_values["sources"] = sources
     overrides = {
         key: flags[key]
-        for key in ("listen", "socket", "metrics_address", "slot", "lease", "state_dir")
+        for key in ("listen", "socket", "metrics_address", "policy", "slot", "lease", "state_dir")
     }
     config = build_config(file_values, overrides)
     from tensorlights.controller.app import ControllerApp

@@ -111,7 +111,7 @@ class ControllerApp:
         incarnation = next_incarnation(config.state_dir, time.time_ns())
         controller = Controller(
             Registry(config.host_timeout_s),
-            Planner(config.slot_s, config.lease_s, incarnation),
+            Planner(config.slot_s, config.lease_s, incarnation, config.policy),
             metrics,
             config.report_interval_s,
         )

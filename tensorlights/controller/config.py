@@ -32,6 +32,8 @@ class ControllerConfig:
     state_dir: Path = DEFAULT_STATE_DIR
     slot_s: float = 3.0
     lease_s: float = 15.0
+    policy: str = "rotate"
+    """rotate: the coordinated cycle of slots; pack: one cluster-wide order by demand."""
     report_interval_s: float = 1.0
     host_timeout_s: float = 30.0
     slurm: bool = False
@@ -56,13 +58,18 @@ class ControllerConfig:
             value = getattr(self, name)
             if not (math.isfinite(value) and value > 0):
                 raise ConfigError(f"{name.removesuffix('_s')} must be a positive duration")
+        if self.policy not in POLICIES:
+            raise ConfigError(f"policy must be one of {', '.join(POLICIES)}, got {self.policy!r}")
         if self.slot_s < 0.1:
             raise ConfigError("slot must be at least 100ms (agents switch within a few ms)")
         if self.lease_s < 3 * self.report_interval_s:
             raise ConfigError("lease must be at least three report intervals")
 
 
+POLICIES = ("rotate", "pack")
+
 _KEYS = {
+    "policy",
     "listen",
     "socket",
     "socket_group",
@@ -115,6 +122,7 @@ def build_config(file_values: Mapping[str, Any], overrides: Mapping[str, Any]) -
             state_dir=Path(text(values, "state_dir", str(DEFAULT_STATE_DIR))),
             slot_s=duration(values, "slot", 3.0),
             lease_s=duration(values, "lease", 15.0),
+            policy=text(values, "policy", "rotate"),
             report_interval_s=duration(values, "report_interval", 1.0),
             host_timeout_s=duration(values, "host_timeout", 30.0),
             slurm=flag(slurm, "enabled", False),

@@ -119,7 +119,13 @@ class Controller:
             log.info("host %s forgotten: disconnected for over the host timeout", host)
         self._planned_version = self.registry.version
         started = time.perf_counter()
-        changed = self.planner.update(self.registry.membership(), set(self.registry.hosts))
+        changed = self.planner.update(
+            self.registry.membership(),
+            set(self.registry.hosts),
+            self.registry.demands(),
+            self.registry.arrival_order(),
+            self.registry.end_times(),
+        )
         if changed:
             self.metrics.plan_seconds.observe(time.perf_counter() - started)
             self.metrics.generation.set(self.planner.generation)

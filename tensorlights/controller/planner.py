@@ -9,10 +9,11 @@ A host's plan carries the generation at which it last changed; the generation on
 from __future__ import annotations
 
 import math
-from collections.abc import Mapping
+from collections.abc import Mapping, Sequence
 from dataclasses import dataclass
 
 from tensorlights.model import PlanSlots
+from tensorlights.policy.packing import pack_order
 from tensorlights.policy.schedule import HostSchedule, Schedule, build_schedule, host_orders
 
 EPOCH = 0.0
@@ -30,28 +31,72 @@ class HostRotationView:
 
 
 class Planner:
-    def __init__(self, slot_s: float, lease_s: float, incarnation: int) -> None:
+    def __init__(
+        self, slot_s: float, lease_s: float, incarnation: int, policy: str = "rotate"
+    ) -> None:
+        self.policy = policy
+        """rotate: a cycle of slots (build_schedule); pack: every host gets one slot, its
+        jobs in one cluster-wide order by reported demand (policy/packing.py), so any two
+        jobs have the same relative priority on every host they share."""
         self.slot_s = slot_s
         self.lease_s = lease_s
         self.incarnation = incarnation
         self.generation = 0
         self.schedule = Schedule((), {})
         self._membership: dict[str, frozenset[str]] = {}
+        self._ranking: tuple[str, ...] = ()
         self._orders: dict[str, tuple[tuple[str, ...], ...]] = {}
         self._generation_of: dict[str, int] = {}
 
-    def update(self, membership: Mapping[str, frozenset[str]], hosts: set[str]) -> set[str]:
-        """Recompute for a new membership; the hosts whose plan changed."""
-        if membership == self._membership and hosts == set(self._orders):
+    def update(
+        self,
+        membership: Mapping[str, frozenset[str]],
+        hosts: set[str],
+        demands: Mapping[str, float] | None = None,
+        arrival: Sequence[str] = (),
+        end_times: Mapping[str, float] | None = None,
+    ) -> set[str]:
+        """Recompute for a new membership (and, under pack, the jobs' demands and arrival
+        order); the hosts whose plan changed."""
+        ranking: tuple[str, ...] = ()
+        if self.policy == "pack":
+            known = [job for job in arrival if job in membership]
+            known += sorted(set(membership) - set(known))
+            ranking = tuple(pack_order(known, demands or {}, {}, end_times))
+        if (
+            membership == self._membership
+            and hosts == set(self._orders)
+            and ranking == self._ranking
+        ):
             return set()
         self._membership = dict(membership)
-        self.schedule = build_schedule(membership)
+        self._ranking = ranking
         jobs_of: dict[str, list[str]] = {host: [] for host in hosts}
         for job, job_hosts in membership.items():
             for host in job_hosts:
                 if host in jobs_of:
                     jobs_of[host].append(job)
-        orders = {host: host_orders(self.schedule, jobs) for host, jobs in jobs_of.items()}
+        orders: dict[str, tuple[tuple[str, ...], ...]]
+        if self.policy == "pack":
+            rank = {job: i for i, job in enumerate(ranking)}
+            orders = {
+                host: (tuple(sorted(jobs, key=rank.__getitem__)),) if jobs else ()
+                for host, jobs in jobs_of.items()
+            }
+            tops = frozenset(order[0][0] for order in orders.values() if order)
+            # Green: first on every host it runs on (one slot, no rotation).
+            green = {
+                job
+                for job in tops
+                if all(orders[h] and orders[h][0][0] == job for h in membership[job] if h in orders)
+            }
+            self.schedule = Schedule(
+                (frozenset(green),) if membership else (),
+                {job: (0,) if job in green else () for job in membership},
+            )
+        else:
+            self.schedule = build_schedule(membership)
+            orders = {host: host_orders(self.schedule, jobs) for host, jobs in jobs_of.items()}
         changed = {host for host, order in orders.items() if self._orders.get(host) != order}
         if changed:
             self.generation += 1

@@ -45,6 +45,8 @@ class SourceJob:
     nodes: tuple[str, ...] = ()
     state: str = ""
     user: str = ""
+    end_time: float | None = None
+    """When the resource manager will end it (its time limit), Unix seconds."""
 
 
 @dataclass
@@ -86,7 +88,9 @@ class Registry:
         self._sessions: dict[str, str] = {}
         self._sources: dict[str, dict[str, SourceJob]] = {}
         self.version = 0
-        """Grows whenever membership (job -> PS hosts) may have changed."""
+        """Grows whenever membership (job -> PS hosts), or a job's demand, may have changed."""
+        self._arrival: dict[str, int] = {}
+        self._arrivals = 0
 
     # Agents ------------------------------------------------------------------------------
 
@@ -121,7 +125,12 @@ class Registry:
                 f"host {record.host}: report {report.seq} is not newer than {record.seq}"
             )
         jobs = {job.job: job for job in report.jobs}
-        if {j: r.ports for j, r in jobs.items()} != {j: r.ports for j, r in record.jobs.items()}:
+        ports_changed = {j: r.ports for j, r in jobs.items()} != {
+            j: r.ports for j, r in record.jobs.items()
+        }
+        if ports_changed or any(
+            _demand_moved(record.jobs[j].demand, r.demand) for j, r in jobs.items()
+        ):
             self.version += 1
         record.seq = report.seq
         record.jobs = jobs
@@ -181,7 +190,34 @@ class Registry:
                 declared = {h for h in source_job.ps_hosts if h in self.hosts}
                 if declared:
                     ps_hosts.setdefault(source_job.job, set()).update(declared)
+        for job in sorted(set(ps_hosts) - set(self._arrival)):
+            self._arrivals += 1
+            self._arrival[job] = self._arrivals
+        for job in set(self._arrival) - set(ps_hosts):
+            del self._arrival[job]
         return {job: frozenset(hosts) for job, hosts in ps_hosts.items()}
+
+    def arrival_order(self) -> list[str]:
+        """Jobs in the order membership first saw them (as of the last `membership()`)."""
+        return sorted(self._arrival, key=self._arrival.__getitem__)
+
+    def end_times(self) -> dict[str, float]:
+        """Per job with a known time limit: when it ends at the latest (Unix seconds)."""
+        ends: dict[str, float] = {}
+        for jobs in self._sources.values():
+            for job, source_job in jobs.items():
+                if source_job.end_time is not None:
+                    ends[job] = min(ends.get(job, source_job.end_time), source_job.end_time)
+        return ends
+
+    def demands(self) -> dict[str, float]:
+        """Per job, the largest demand any of its PS hosts reports (its busiest link)."""
+        demands: dict[str, float] = {}
+        for record in self.hosts.values():
+            for job, reported in record.jobs.items():
+                if reported.demand is not None:
+                    demands[job] = max(demands.get(job, 0.0), reported.demand)
+        return demands
 
     def jobs(self) -> list[JobView]:
         membership = self.membership()
@@ -214,3 +250,10 @@ class Registry:
                 )
             )
         return views
+
+
+def _demand_moved(old: float | None, new: float | None) -> bool:
+    """A change worth a replan under pack (it groups demands within x1.3)."""
+    if old is None or new is None:
+        return old is not new
+    return max(old, new) > 1.1 * min(old, new)

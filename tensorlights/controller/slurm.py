@@ -27,6 +27,27 @@ class SlurmJob:
     state: str
     user: str
     nodes: tuple[str, ...]
+    end_time: float | None = None
+    """When its time limit runs out (Unix seconds); None without a limit."""
+
+
+def _number(value: Any) -> int | None:
+    """A squeue number: plain (22.05) or {"set", "infinite", "number"} (23.02 and later)."""
+    if isinstance(value, dict):
+        if not value.get("set", True) or value.get("infinite", False):
+            return None
+        value = value.get("number")
+    return value if isinstance(value, int) and not isinstance(value, bool) else None
+
+
+def _end_time(raw: dict[str, Any]) -> float | None:
+    limit = _number(raw.get("time_limit"))  # minutes
+    end = _number(raw.get("end_time"))
+    start = _number(raw.get("start_time"))
+    # Unlimited jobs carry a huge or missing limit and an end time a year or more away.
+    if limit is None or not 0 < limit < 366 * 24 * 60 or not end or not start or end <= start:
+        return None
+    return float(end)
 
 
 def parse_squeue(text: str) -> list[SlurmJob]:
@@ -51,6 +72,7 @@ def parse_squeue(text: str) -> list[SlurmJob]:
                 state=state,
                 user=str(raw.get("user_name", "")),
                 nodes=nodes,
+                end_time=_end_time(raw),
             )
         )
     return sorted(jobs, key=lambda job: job.slurm_id)

@@ -47,6 +47,7 @@ class SlurmMembership:
                 nodes=job.nodes,
                 state=job.state,
                 user=job.user,
+                end_time=job.end_time,
             )
             for job in self.source.jobs()
         ]

@@ -146,7 +146,8 @@ class BandPolicy:
         # green job left, the next one is green) ...
         current = [job for job in self._packed if job in present]
         current += [job for job in self._order if job not in current]
-        desired = pack_order(self._order, loads, self._guard.promoted)
+        demands = {job: load.demand for job, load in loads.items()}
+        desired = pack_order(self._order, demands, self._guard.promoted)
         # ... a reorder waits for the green job's push to end (its iteration boundary).
         if desired != current:
             if self._reorder_wanted_since is None:

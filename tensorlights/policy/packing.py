@@ -14,9 +14,10 @@ smallest first -- with equal iterations that is shortest-job-first, and a prefix
 order whose demands sum to <= 1 fits on the link together: under strict priority the lower
 one's pushes slide into the upper one's compute gaps and both run at their standalone
 speed (a shared FIFO band would instead keep their pushes locked in phase, each stretching
-the other) -- then jobs not measured yet, in arrival order. Demands within x1.3 of a
-group's smallest count as equal and keep arrival order, so measurement noise does not
-reorder equal jobs.
+the other) -- then jobs not measured yet. Demands within x1.3 of a group's smallest count
+as equal, so measurement noise does not reorder equal jobs; within a group, remaining work
+decides where it is known (the controller passes Slurm time limits: the soonest to end
+first), arrival order otherwise.
 
 Starvation bound (StarvationGuard): a job whose time lost to waiting over the last
 `window_s` approaches what `max_slowdown` allows is promoted to the front (most behind
@@ -25,6 +26,7 @@ first) until it has caught up.
 
 from __future__ import annotations
 
+import math
 import statistics
 from collections import deque
 from collections.abc import Mapping, Sequence
@@ -163,25 +165,35 @@ class StarvationGuard:
 
 def pack_order(
     arrival_order: Sequence[str],
-    loads: Mapping[str, JobLoad],
+    demands: Mapping[str, float],
     promoted: Mapping[str, float],
+    end_times: Mapping[str, float] | None = None,
 ) -> list[str]:
-    """Green first: promoted (most behind first), measured by demand, then unmeasured."""
+    """Green first: promoted (most behind first), measured jobs by demand, then unmeasured.
+    Demands within x1.3 of a group's smallest count as equal; within a group, jobs whose
+    resource manager says when they end (`end_times`, e.g. Slurm time limits) go first, the
+    soonest first (shortest remaining time), then the others in arrival order."""
+    ends = end_times or {}
     position = {job: i for i, job in enumerate(arrival_order)}
+
+    def within(job: str) -> tuple[float, int]:
+        return (ends.get(job, math.inf), position[job])
+
     first = sorted((job for job in arrival_order if job in promoted), key=lambda j: -promoted[j])
     measured = sorted(
-        (job for job in arrival_order if job not in promoted and job in loads),
-        key=lambda j: loads[j].demand,
+        (job for job in arrival_order if job not in promoted and job in demands),
+        key=demands.__getitem__,
     )
-    # Demands within x1.3 of a group's smallest are equal: the group keeps arrival order.
     groups: list[list[str]] = []
     for job in measured:
-        if groups and loads[job].demand <= loads[groups[-1][0]].demand * DEMAND_BUCKET:
+        if groups and demands[job] <= demands[groups[-1][0]] * DEMAND_BUCKET:
             groups[-1].append(job)
         else:
             groups.append([job])
-    middle = [job for group in groups for job in sorted(group, key=position.__getitem__)]
-    last = [job for job in arrival_order if job not in promoted and job not in loads]
+    middle = [job for group in groups for job in sorted(group, key=within)]
+    last = sorted(
+        (job for job in arrival_order if job not in promoted and job not in demands), key=within
+    )
     return first + middle + last
 
 

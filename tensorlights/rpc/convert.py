@@ -85,6 +85,15 @@ def _optional_seconds(message: pb.PsJob, name: str) -> float | None:
     return value
 
 
+def _optional_demand(message: pb.PsJob) -> float | None:
+    if not message.HasField("demand"):
+        return None
+    value = float(message.demand)
+    if not (math.isfinite(value) and 0 < value <= 1):
+        raise InvalidMessage(f"job {message.job}: demand {value} must be in (0, 1]")
+    return value
+
+
 def registration(data: bytes) -> Registration:
     message = parse(pb.RegisterRequest, data)
     _check_count("interfaces", message.interfaces, MAX_INTERFACES)
@@ -126,6 +135,7 @@ def report(data: bytes) -> HostReport:
             connections=job.connections,
             spread_s=_optional_seconds(job, "spread_s"),
             period_s=_optional_seconds(job, "period_s"),
+            demand=_optional_demand(job),
         )
     rotations = []
     for rotation in message.rotations:
@@ -213,6 +223,8 @@ def report_message(report: HostReport) -> pb.AgentReport:
             message.spread_s = job.spread_s
         if job.period_s is not None:
             message.period_s = job.period_s
+        if job.demand is not None:
+            message.demand = job.demand
         jobs.append(message)
     return pb.AgentReport(
         session=report.session,

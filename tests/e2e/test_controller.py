@@ -14,8 +14,8 @@ from typing import Any
 import pytest
 
 from tensorlights.testbed.cluster import Cluster, cluster
-from tensorlights.testbed.psjob import tf_job_id, tf_launcher_env
-from tensorlights.testbed.socket_holder import Holder, start_holder
+from tensorlights.testbed.psjob import start_job, tf_job_id, tf_launcher_env
+from tensorlights.testbed.socket_holder import Holder, clean_env, start_holder
 
 from .agentproc import AgentProcess
 from .controllerproc import TLCTL, ControllerProcess, agent_config, expired_copy, make_pki
@@ -258,3 +258,47 @@ def test_tlctl_as_an_unprivileged_user_gets_eacces(
     finally:
         controller.stop()
         public.rmdir()
+
+
+def test_pack_orders_jobs_cluster_wide_by_the_demand_agents_measure(
+    tmp_path: Path,
+) -> None:
+    """Controller policy pack: a small and a big synthetic job (real pushes) on ps1; ps1's
+    agent measures their demand and reports it; the controller ranks the small one first
+    and ps1 follows that order."""
+    pki = make_pki(tmp_path / "pki", ["10.78.0.1"], ["ps1"])
+    with cluster(["ctl", "ps1", "w1"]) as c:
+        controller = ControllerProcess(
+            c.hosts["ctl"], tmp_path / "ctl", pki, "--policy", "pack", "--slot", "1s",
+            listen=f"10.78.0.1:{PORT}",
+        )  # fmt: skip
+        workdir = tmp_path / "ps1"
+        workdir.mkdir()
+        agent_config(workdir / "agent.toml", f"10.78.0.1:{PORT}", pki, "ps1")
+        agent = AgentProcess(c.hosts["ps1"], workdir, "--policy", "pack", standalone=False)
+        jobs = {}
+        try:
+            agent.wait_status(lambda d: d.get("mode") in ("plan", "local"), deadline_s=30)
+            # "big" starts first: arrival order alone would put it on top.
+            for tag, model in (("big", 6_000_000), ("small", 1_000_000)):
+                jobs[tag] = start_job(
+                    c.hosts["ps1"].exec_args(), [c.hosts["w1"].exec_args()], "10.78.0.2",
+                    clean_env(tf_launcher_env(tag, 2)), 2, model, 60, 0.2,
+                )  # fmt: skip
+            big, small = tf_job_id("big", 2), tf_job_id("small", 2)
+            document = agent.wait_status(
+                lambda d: d.get("mode") == "plan" and d.get("order") == [small, big],
+                deadline_s=40,
+            )
+            assert document["plan_generation"] > 0
+            demands = document["pack"]["loads"]
+            assert demands[small]["demand"] < demands[big]["demand"]
+            hosts = {h["host"]: h for h in controller.query("hosts")}
+            assert hosts["ps1"]["mode"] == "plan"
+            rotations = controller.query("rotations", "ps1")
+            assert rotations["hosts"][0]["green"] == small
+        finally:
+            for job in jobs.values():
+                job.kill()
+            agent.stop()
+            controller.stop()

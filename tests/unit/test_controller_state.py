@@ -94,6 +94,47 @@ def test_planner_generations_and_rotation_view() -> None:
     assert [at for _, at in view.upcoming] == [102.0, 104.0, 106.0]
 
 
+def test_pack_planner_gives_every_host_one_cluster_wide_order_by_demand() -> None:
+    registry = Registry()
+    sessions = {h: registry.register(reg(h), now=0).session for h in ("a", "b")}
+
+    def report(host: str, seq: int, demands: dict[str, float | None]) -> None:
+        jobs = tuple(
+            ReportedJob(j, frozenset({1000 + i}), 1, 1, demand=d)
+            for i, (j, d) in enumerate(sorted(demands.items()))
+        )
+        registry.report(HostReport(sessions[host], seq, jobs, (), "plan", ""), now=1)
+
+    # x spans a and b; y only on a, z only on b. Nothing measured yet: arrival order.
+    report("a", 1, {"x": None, "y": None})
+    report("b", 1, {"x": None, "z": None})
+    planner = Planner(slot_s=2.0, lease_s=10.0, incarnation=1, policy="pack")
+
+    def update() -> set[str]:
+        return planner.update(
+            registry.membership(), set(registry.hosts), registry.demands(),
+            registry.arrival_order(),
+        )  # fmt: skip
+
+    assert update() == {"a", "b"}
+    assert registry.arrival_order() == ["x", "y", "z"]
+    assert planner.plan_for("a").slots == (("x", "y"),)
+    assert planner.plan_for("b").slots == (("x", "z"),)
+    assert planner.schedule.share("x") == 1.0 and planner.schedule.share("y") == 0.0
+    # Measured: y needs little of the link, x (its busiest host: b) much: y and z go first.
+    version = registry.version
+    report("a", 2, {"x": 0.5, "y": 0.1})
+    report("b", 2, {"x": 0.8, "z": 0.2})
+    assert registry.version > version and registry.demands()["x"] == 0.8
+    assert update() == {"a", "b"}
+    assert planner.plan_for("a").slots == (("y", "x"),)
+    assert planner.plan_for("b").slots == (("z", "x"),)
+    # Noise within 10% triggers no replan; within x1.3 it would not reorder anyway.
+    version = registry.version
+    report("a", 3, {"x": 0.52, "y": 0.105})
+    assert registry.version == version and update() == set()
+
+
 def test_wire_checks_refuse_bad_input() -> None:
     good = pb.AgentReport(session="s", seq=1, mode="plan", jobs=[pb.PsJob(job="j", ports=[80])])
     assert convert.report(good.SerializeToString()).jobs[0].ports == frozenset({80})
@@ -101,6 +142,9 @@ def test_wire_checks_refuse_bad_input() -> None:
         pb.PsJob(job="j", ports=[65536]),
         pb.PsJob(job="j", ports=[1], spread_s=math.inf),
         pb.PsJob(job="x" * 257, ports=[1]),
+        pb.PsJob(job="j", ports=[1], demand=math.nan),
+        pb.PsJob(job="j", ports=[1], demand=0.0),
+        pb.PsJob(job="j", ports=[1], demand=1.5),
     ):
         bad = pb.AgentReport(session="s", seq=1, mode="plan", jobs=[job])
         with pytest.raises(InvalidMessage):
@@ -160,12 +204,15 @@ def test_controller_config(tmp_path: Path) -> None:
     tls["key"] = str(tmp_path / "c.key")
     config = build_config({"tls": tls, "sources": {"slurm": {"enabled": True}}}, {"slot": "1s"})
     assert config.slurm and config.slot_s == 1.0 and config.lease_s == 15.0
+    assert config.policy == "rotate"
+    assert build_config({"tls": tls}, {"policy": "pack"}).policy == "pack"
     for values, message in (
         ({"tls": tls, "lease": "2s"}, "three report intervals"),
         ({"tls": tls, "slot": "10ms"}, "at least 100ms"),
         ({"tls": tls, "sources": {"nfs": {}}}, "unknown \\[sources\\] keys"),
         ({"tls": {**tls, "key": "/nonexistent"}}, "tls.key /nonexistent"),
         ({"tls": tls, "bogus": 1}, "unknown config keys"),
+        ({"tls": tls, "policy": "static"}, "policy must be one of rotate, pack"),
     ):
         with pytest.raises(ConfigError, match=message):
             build_config(values, {})

@@ -37,14 +37,18 @@ def test_job_load_from_measured_iterations() -> None:
 
 
 def test_order_smallest_demand_first_ties_keep_arrival() -> None:
-    loads = {"big": load(0.3, 0.2), "small": load(0.05, 0.2), "mid": load(0.15, 0.2)}
+    loads = {"big": 0.6, "small": 0.2, "mid": 0.43}
     assert pack_order(["big", "mid", "small"], loads, {}) == ["small", "mid", "big"]
     # Within 30% of each other: equal, arrival order stays (no reshuffling on noise).
-    noisy = {"a": load(0.22, 0.25), "b": load(0.20, 0.25), "c": load(0.23, 0.25)}
+    noisy = {"a": 0.468, "b": 0.444, "c": 0.479}
     assert pack_order(["a", "b", "c"], noisy, {}) == ["a", "b", "c"]
     # Unmeasured jobs after measured ones; promoted ones first, the most behind first.
     assert pack_order(["new", "big", "small"], loads, {}) == ["small", "big", "new"]
     assert pack_order(["a", "b", "c"], noisy, {"c": 3.0, "b": 9.0}) == ["b", "c", "a"]
+    # Known end times (Slurm time limits) order equal jobs: the soonest to end first.
+    assert pack_order(["a", "b", "c"], noisy, {}, {"c": 100.0, "b": 50.0}) == ["b", "c", "a"]
+    # ... but never across demand groups: a big job ending soon stays behind small ones.
+    assert pack_order(["big", "small"], loads, {}, {"big": 1.0}) == ["small", "big"]
 
 
 def test_fits_together_is_the_prefix_under_one_link() -> None:

@@ -142,3 +142,15 @@ def test_gone_job_closes_its_open_iteration_and_forgets_its_bytes() -> None:
     assert tracker.sent_bytes["j"] == 3 * 3 * MODEL
     tracker.observe(now, [])
     assert "j" not in tracker.sent_bytes and tracker.busy_jobs() == set()
+
+
+def test_idle_time_before_each_push_is_the_compute_however_long_the_push_queues() -> None:
+    # 0.3 s of compute, then pushes that take 0.1 s -- or 0.6 s when they wait in a queue.
+    for push in (0.1, 0.6):
+        lags = [[0.0, 0.0]] * 8
+        iterations = run(job_pushes(len(lags), lags, compute=0.3, push=push), until=20)
+        idles = [it.idle_before_s for it in iterations]
+        assert idles and all(idle is not None for idle in idles)
+        # The push start is known to within a sample (0.1 s): its middle is within 0.05 s.
+        assert all(abs(idle - 0.3) <= 0.051 for idle in idles if idle is not None), idles
+        assert all(it.pushed_bytes == 2 * MODEL for it in iterations)

@@ -39,20 +39,22 @@ class RegisterReply(_message.Message):
     def __init__(self, session: _Optional[str] = ..., controller_incarnation: _Optional[int] = ..., report_interval_ms: _Optional[int] = ...) -> None: ...
 
 class PsJob(_message.Message):
-    __slots__ = ("job", "ports", "processes", "connections", "spread_s", "period_s")
+    __slots__ = ("job", "ports", "processes", "connections", "spread_s", "period_s", "demand")
     JOB_FIELD_NUMBER: _ClassVar[int]
     PORTS_FIELD_NUMBER: _ClassVar[int]
     PROCESSES_FIELD_NUMBER: _ClassVar[int]
     CONNECTIONS_FIELD_NUMBER: _ClassVar[int]
     SPREAD_S_FIELD_NUMBER: _ClassVar[int]
     PERIOD_S_FIELD_NUMBER: _ClassVar[int]
+    DEMAND_FIELD_NUMBER: _ClassVar[int]
     job: str
     ports: _containers.RepeatedScalarFieldContainer[int]
     processes: int
     connections: int
     spread_s: float
     period_s: float
-    def __init__(self, job: _Optional[str] = ..., ports: _Optional[_Iterable[int]] = ..., processes: _Optional[int] = ..., connections: _Optional[int] = ..., spread_s: _Optional[float] = ..., period_s: _Optional[float] = ...) -> None: ...
+    demand: float
+    def __init__(self, job: _Optional[str] = ..., ports: _Optional[_Iterable[int]] = ..., processes: _Optional[int] = ..., connections: _Optional[int] = ..., spread_s: _Optional[float] = ..., period_s: _Optional[float] = ..., demand: _Optional[float] = ...) -> None: ...
 
 class Rotation(_message.Message):
     __slots__ = ("green", "applied_unix_ns", "plan_generation")
