@@ -1,7 +1,7 @@
 #!/usr/bin/env bash
 # Installs what TensorLights needs on a Debian machine (run as root): system packages and a
-# virtualenv in .venv with the package. `scripts/setup.sh test` adds the test tools,
-# `scripts/setup.sh bench` the benchmark report's plotting.
+# virtualenv in .venv with the package. `scripts/setup.sh test` adds the test tools (and
+# PyTorch for the real PS job's test), `scripts/setup.sh bench` the report's plotting.
 set -euo pipefail
 cd "$(dirname "$0")/.."
 extra=${1:-}
@@ -29,8 +29,12 @@ if [[ ! -x .venv/bin/python ]]; then
   python3 -m venv .venv
 fi
 .venv/bin/python -m pip install -q --upgrade pip
-if [[ $extra == test || $extra == bench ]]; then
-  .venv/bin/python -m pip install -q -e ".[$extra]"
+if [[ $extra == test ]]; then
+  # torch==2.13.0 is a local CPU wheel on our machines (anything looser pulls a CUDA build):
+  # the real PyTorch PS job's test needs it.
+  .venv/bin/python -m pip install -q -e ".[test,torch]"
+elif [[ $extra == bench ]]; then
+  .venv/bin/python -m pip install -q -e ".[bench]"
 else
   .venv/bin/python -m pip install -q -e .
 fi

@@ -6,7 +6,7 @@ Prints the green light as `tlctl rotations` sees it, job completion times and me
 straggler spread for both runs from the workers' own logs, and the spread the agent's
 telemetry measured from the host.
 
-    python -m tensorlights.demo [--rate 200mbit] [--policy rotate] [--interval 2s]
+    python -m tensorlights.demo [--rate 200mbit] [--policy pack|rotate|static] [--interval 2s]
 
 Runs in network namespaces of its own (PS host, worker host) and removes them on exit, as
 well as every process it started. Needs root. Takes about a minute.
@@ -178,7 +178,7 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument("--rate", default="200mbit", help="the PS host's link (default 200mbit)")
     parser.add_argument(
         "--policy",
-        default="rotate",
+        default="pack",
         choices=["static", "rotate", "pack"],
         help="pack: the controller ranks jobs by measured demand (and the agent falls back to "
         "pack); otherwise the controller rotates and the agent falls back to this policy",

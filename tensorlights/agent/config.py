@@ -57,7 +57,7 @@ class AgentConfig:
     interface: str
     link_rate_bps: int | None = None
     """None: read the link speed from the kernel at start (fails clearly if it has none)."""
-    policy: PolicyName = PolicyName.ROTATE
+    policy: PolicyName = PolicyName.PACK
     interval_s: float = 3.0
     max_slowdown: float = 2.0
     """pack: the starvation bound, a job's slowdown vs running alone."""
@@ -176,7 +176,7 @@ def build_config(file_values: Mapping[str, Any], overrides: Mapping[str, Any]) -
         return AgentConfig(
             interface=_text(values, "interface", ""),
             link_rate_bps=parse_rate(_text(values, "link_rate")) if "link_rate" in values else None,
-            policy=_choice(PolicyName, values.get("policy", "rotate"), "policy"),
+            policy=_choice(PolicyName, values.get("policy", "pack"), "policy"),
             interval_s=_duration(values, "interval", 3.0),
             max_slowdown=_number(values, "max_slowdown", 2.0),
             starvation_window_s=_duration(values, "starvation_window", 120.0),

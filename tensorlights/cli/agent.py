@@ -62,7 +62,7 @@ def main() -> None:
 
     \b
     Examples:
-      tensorlights-agent run --interface eth0 --link-rate 10gbit --policy rotate --interval 3s
+      tensorlights-agent run --interface eth0 --link-rate 10gbit --policy pack
       tensorlights-agent status                         health, jobs, who is green and next
       tensorlights-agent plan --dry-run --interface eth0  what run would program now
       tensorlights-agent show --interface eth0          what is programmed now
@@ -160,7 +160,7 @@ def _config_options(func: Any) -> Any:
             type=click.Choice([p.value for p in PolicyName]),
             help="fifo: observe only; static: fixed order (TL-One); rotate: the green light "
             "moves every interval (TL-RR); pack: order by measured demand with a starvation "
-            "bound (max_slowdown, starvation_window in the config) [default: rotate].",
+            "bound (max_slowdown, starvation_window in the config) [default: pack].",
         ),
         click.option("--interval", metavar="DURATION", help="Rotation slot, e.g. 3s, 500ms."),
         click.option(

@@ -50,7 +50,7 @@ def main() -> None:
     "--policy",
     type=click.Choice(["rotate", "pack"]),
     help="rotate: a coordinated cycle of green slots; pack: one cluster-wide order by the "
-    "demand agents measure [default: rotate].",
+    "demand agents measure [default: pack].",
 )
 @click.option("--slot", metavar="DURATION", help="Rotation slot length [default: 3s].")
 @click.option("--lease", metavar="DURATION", help="How long a plan holds unrenewed [default: 15s].")

@@ -32,7 +32,7 @@ class ControllerConfig:
     state_dir: Path = DEFAULT_STATE_DIR
     slot_s: float = 3.0
     lease_s: float = 15.0
-    policy: str = "rotate"
+    policy: str = "pack"
     """rotate: the coordinated cycle of slots; pack: one cluster-wide order by demand."""
     report_interval_s: float = 1.0
     host_timeout_s: float = 30.0
@@ -122,7 +122,7 @@ def build_config(file_values: Mapping[str, Any], overrides: Mapping[str, Any]) -
             state_dir=Path(text(values, "state_dir", str(DEFAULT_STATE_DIR))),
             slot_s=duration(values, "slot", 3.0),
             lease_s=duration(values, "lease", 15.0),
-            policy=text(values, "policy", "rotate"),
+            policy=text(values, "policy", "pack"),
             report_interval_s=duration(values, "report_interval", 1.0),
             host_timeout_s=duration(values, "host_timeout", 30.0),
             slurm=flag(slurm, "enabled", False),

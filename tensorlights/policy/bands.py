@@ -5,8 +5,8 @@ Policies:
   static  the original TL-One: a fixed order (arrival order); the oldest job is green for as
           long as it runs, the next one takes over when it finishes.
   rotate  the original TL-RR: the green light moves to the next job every `interval`.
-  pack    uses what the host measures (policy/packing.py): jobs ordered by measured link
-          demand, smallest first, so those that fit on the link together run at their
+  pack    (the default) uses what the host measures (policy/packing.py): jobs ordered by
+          measured link demand, smallest first, so those that fit on the link together run at their
           standalone speed; a starvation bound promotes any job slowed down more than
           `max_slowdown` over `starvation_window`; the order changes only between the green
           job's pushes (at an iteration boundary), never mid-push.

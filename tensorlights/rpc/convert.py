@@ -22,6 +22,7 @@ from tensorlights.model import (
     Registration,
     ReportedJob,
 )
+from tensorlights.policy.bands import PolicyName
 from tensorlights.rpc.v1 import agent_link_pb2 as pb
 
 M = TypeVar("M", bound=Message)
@@ -34,7 +35,7 @@ MAX_ROTATIONS_PER_REPORT = 1024
 MAX_INTERFACES = 64
 MAX_TEXT = 1024
 MODES = ("plan", "local")
-POLICIES = ("fifo", "static", "rotate")
+POLICIES = tuple(policy.value for policy in PolicyName)  # the agent's local policies
 
 _HOST = re.compile(r"^[A-Za-z0-9]([A-Za-z0-9._-]{0,252})$")
 _INTERFACE = re.compile(r"^[^/\s]{1,15}$")

@@ -76,7 +76,8 @@ def run_ps(args: argparse.Namespace) -> int:
     for _ in range(args.iterations):
         sends = [dist.isend(flat, dst=w + 1) for w in range(args.workers)]  # all at once
         for request in sends:
-            request.wait()
+            if request is not None:  # None only for a rank outside the group
+                request.wait()
         for w in range(args.workers):
             dist.recv(grads[w], src=w + 1)
         flat -= args.lr * torch.stack(grads).mean(dim=0)
@@ -108,7 +109,8 @@ def run_worker(args: argparse.Namespace) -> int:
         model.zero_grad()
         inputs = torch.randn(args.batch, args.hidden)
         labels = torch.randint(0, 10, (args.batch,))
-        torch.nn.functional.cross_entropy(model(inputs), labels).backward()
+        loss = torch.nn.functional.cross_entropy(model(inputs), labels)
+        loss.backward()  # type: ignore[no-untyped-call]
         grad = torch.cat([p.grad.reshape(-1) for p in model.parameters()])
         dist.send(grad, dst=0)
     print(json.dumps({"received": received}), flush=True)
@@ -128,7 +130,9 @@ def main(argv: list[str] | None = None) -> int:
         p.add_argument("--ifname", default="eth0", help="GLOO_SOCKET_IFNAME")
     sub.choices["ps"].add_argument("--lr", type=float, default=0.01)
     sub.choices["worker"].add_argument("--rank", type=int, required=True)
-    sub.choices["worker"].add_argument("--batch", type=int, default=256)
+    sub.choices["worker"].add_argument(
+        "--batch", type=int, default=4096, help="samples per step: sets the compute time"
+    )
     args = parser.parse_args(argv)
     try:
         import torch  # noqa: F401

@@ -50,6 +50,8 @@ class AgentProcess:
             str(workdir / "state"),
             "--config",
             str(workdir / "agent.toml"),
+            # These tests exercise the rotation unless they name a policy (default: pack).
+            *([] if "--policy" in flags else ["--policy", "rotate"]),
             *flags,
         ]
         if not (workdir / "agent.toml").exists():

@@ -78,7 +78,16 @@ def start_controller(c: Cluster, pki: Path, tmp_path: Path) -> ControllerProcess
     workdir = tmp_path / "ctl"
     workdir.mkdir(exist_ok=True)
     return ControllerProcess(
-        c.hosts["ctl"], workdir, pki, "--slot", "1s", "--lease", "3s", listen=f"10.78.0.1:{PORT}"
+        c.hosts["ctl"],
+        workdir,
+        pki,
+        "--policy",
+        "rotate",
+        "--slot",
+        "1s",
+        "--lease",
+        "3s",
+        listen=f"10.78.0.1:{PORT}",
     )
 
 
@@ -268,6 +277,7 @@ def test_pack_orders_jobs_cluster_wide_by_the_demand_agents_measure(
     and ps1 follows that order."""
     pki = make_pki(tmp_path / "pki", ["10.78.0.1"], ["ps1"])
     with cluster(["ctl", "ps1", "w1"]) as c:
+        (tmp_path / "ctl").mkdir()
         controller = ControllerProcess(
             c.hosts["ctl"], tmp_path / "ctl", pki, "--policy", "pack", "--slot", "1s",
             listen=f"10.78.0.1:{PORT}",

@@ -22,7 +22,7 @@ EXAMPLE = Path(__file__).parents[2] / "systemd" / "agent.toml"
 
 def test_shipped_example_config_is_valid() -> None:
     config = build_config(read_config_file(EXAMPLE, required=True), {})
-    assert config.interface == "eth0" and config.policy is PolicyName.ROTATE
+    assert config.interface == "eth0" and config.policy is PolicyName.PACK
     assert config.metrics_address == ("127.0.0.1", 9731)
 
 
@@ -36,7 +36,7 @@ def test_flags_override_the_file_and_parse_units() -> None:
 
 def test_defaults() -> None:
     config = build_config({"interface": "eth0"}, {})
-    assert config.policy is PolicyName.ROTATE and config.interval_s == 3.0
+    assert config.policy is PolicyName.PACK and config.interval_s == 3.0
     assert config.standalone and config.on_stop is OnStop.RESTORE
     assert config.metrics_address[0] == "127.0.0.1"
 

@@ -153,6 +153,15 @@ def test_wire_checks_refuse_bad_input() -> None:
         convert.report(pb.AgentReport(seq=1, mode="plan").SerializeToString())  # no session
     with pytest.raises(InvalidMessage):
         convert.registration(b"\x08")  # truncated varint
+    for policy in ("fifo", "static", "rotate", "pack"):  # every local policy an agent may have
+        request = pb.RegisterRequest(host="h", agent_incarnation=1, fallback_policy=policy)
+        assert convert.registration(request.SerializeToString()).fallback_policy == policy
+    with pytest.raises(InvalidMessage, match="fallback_policy"):
+        convert.registration(
+            pb.RegisterRequest(
+                host="h", agent_incarnation=1, fallback_policy="best"
+            ).SerializeToString()
+        )
     with pytest.raises(InvalidMessage):
         convert.plan_slots(pb.HostPlan(generation=1, lease_ms=0, slot_ms=100))
 
@@ -204,8 +213,8 @@ def test_controller_config(tmp_path: Path) -> None:
     tls["key"] = str(tmp_path / "c.key")
     config = build_config({"tls": tls, "sources": {"slurm": {"enabled": True}}}, {"slot": "1s"})
     assert config.slurm and config.slot_s == 1.0 and config.lease_s == 15.0
-    assert config.policy == "rotate"
-    assert build_config({"tls": tls}, {"policy": "pack"}).policy == "pack"
+    assert config.policy == "pack"
+    assert build_config({"tls": tls}, {"policy": "rotate"}).policy == "rotate"
     for values, message in (
         ({"tls": tls, "lease": "2s"}, "three report intervals"),
         ({"tls": tls, "slot": "10ms"}, "at least 100ms"),
