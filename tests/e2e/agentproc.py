@@ -50,12 +50,11 @@ class AgentProcess:
             str(workdir / "state"),
             "--config",
             str(workdir / "agent.toml"),
-            # These tests exercise the rotation unless they name a policy (default: pack).
-            *([] if "--policy" in flags else ["--policy", "rotate"]),
             *flags,
         ]
         if not (workdir / "agent.toml").exists():
-            (workdir / "agent.toml").write_text("")
+            # These tests exercise the rotation unless they choose otherwise (default: pack).
+            (workdir / "agent.toml").write_text('policy = "rotate"\n')
         self.proc = subprocess.Popen(
             self.host.exec_args(*command), stderr=self.log, env=clean_env(), text=True
         )
