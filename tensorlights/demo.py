@@ -202,10 +202,15 @@ def main(argv: list[str] | None = None) -> int:
         fifo = _run_jobs(pair, args, console, None)
         netns.run(["tc", "-n", pair.a.ns, "qdisc", "del", "dev", "veth-a", "root"])
 
+        plan = (
+            "ranking jobs by the demand the agent measures"
+            if args.policy == "pack"
+            else f"rotating the light every {args.interval}"
+        )
         console.print(
-            f"\n[bold]2. TensorLights[/bold] (controller on the worker host, slot "
-            f"{args.interval}; agent on the PS host, --policy {args.policy} if the controller "
-            "is lost; it finds the PS processes by their TF_CONFIG)"
+            f"\n[bold]2. TensorLights[/bold] (controller on the worker host, {plan}; agent "
+            f"on the PS host, --policy {args.policy} if the controller is lost; it finds the "
+            "PS processes by their TF_CONFIG)"
         )
         make_pki(workdir / "pki", [pair.b.ipv4], [PS_HOST], operator=True)
         controller = _start_controller(pair, workdir, args)
