@@ -289,15 +289,25 @@ def test_pack_orders_jobs_cluster_wide_by_the_demand_agents_measure(
         jobs = {}
         try:
             agent.wait_status(lambda d: d.get("mode") in ("plan", "local"), deadline_s=30)
-            # "big" starts first: arrival order alone would put it on top.
+            big, small = tf_job_id("big", 2), tf_job_id("small", 2)
+            # "big" is known to the controller first: arrival order alone puts it on top,
+            # so only the measured demands can put "small" first.
             for tag, model in (("big", 6_000_000), ("small", 1_000_000)):
                 jobs[tag] = start_job(
                     c.hosts["ps1"].exec_args(), [c.hosts["w1"].exec_args()], "10.78.0.2",
                     clean_env(tf_launcher_env(tag, 2)), 2, model, 60, 0.2,
                 )  # fmt: skip
-            big, small = tf_job_id("big", 2), tf_job_id("small", 2)
+                job_id = tf_job_id(tag, 2)
+                controller.wait(
+                    lambda j=job_id: j in {v["job"] for v in controller.query("jobs")},
+                    deadline_s=20, what=f"the controller to know {tag}",
+                )  # fmt: skip
             document = agent.wait_status(
-                lambda d: d.get("mode") == "plan" and d.get("order") == [small, big],
+                lambda d: (
+                    d.get("mode") == "plan"
+                    and d.get("order") == [small, big]
+                    and {small, big} <= set(d.get("pack", {}).get("loads", {}))
+                ),
                 deadline_s=40,
             )
             assert document["plan_generation"] > 0
