@@ -56,7 +56,6 @@ from tensorlights.errors import (
 )
 from tensorlights.model import (
     AppliedRotation,
-    DiscoverySnapshot,
     PlanSlots,
     Registration,
     ReportedJob,
@@ -326,17 +325,15 @@ class AgentApp:
         self.metrics.forget_jobs_except(set(result.snapshot.jobs()))
         if self._link is not None:
             mode = "plan" if result.plan.generation else "local"
-            self._link.update(self._reported_jobs(result.snapshot), mode, "")
+            self._link.update(self._reported_jobs(result), mode, "")
         self._publish()
 
-    def _reported_jobs(self, snapshot: DiscoverySnapshot) -> tuple[ReportedJob, ...]:
+    def _reported_jobs(self, result: PassResult) -> tuple[ReportedJob, ...]:
         """The PS jobs this agent shapes (ports in its network namespace; a PS seen in another
         namespace belongs to that namespace's host), with their telemetry."""
+        snapshot, loads = result.snapshot, result.loads
         ports = snapshot.job_ports()
         recent = self._sampler.recent() if self._sampler is not None else {}
-        loads = (
-            self._sampler.loads(self.config.link_rate_bps or 1) if self._sampler is not None else {}
-        )
         jobs = []
         for job in sorted(shaped_jobs(snapshot)):
             tasks = [t for t in snapshot.tasks if t.job == job and t.in_agent_netns]
@@ -351,7 +348,7 @@ class AgentApp:
                     connections=sum(len(t.connections) for t in tasks),
                     spread_s=statistics.median(spreads) if spreads else None,
                     period_s=statistics.median(periods) if periods else None,
-                    demand=min(loads[job].demand, 1.0) if job in loads else None,
+                    demand=loads[job].demand if job in loads else None,
                 )
             )
         return tuple(jobs)
@@ -488,7 +485,7 @@ class AgentApp:
             }
             document["telemetry_error"] = self._sampler.last_error
             if config.policy is PolicyName.PACK and self._reconciler is not None:
-                loads = self._sampler.loads(config.link_rate_bps or 1)
+                loads = result.loads if result is not None else {}
                 document["pack"] = {
                     **self._reconciler.policy.local.pack_view(),
                     "loads": {

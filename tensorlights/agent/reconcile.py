@@ -10,7 +10,7 @@ from __future__ import annotations
 
 import time
 from collections.abc import Callable, Mapping
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 
 from tensorlights.agent.config import AgentConfig
 from tensorlights.datapath.dscp import DscpMarker
@@ -35,6 +35,8 @@ class PassResult:
     full_resync: bool
     scan_s: float
     duration_s: float
+    loads: Mapping[str, JobLoad] = field(default_factory=dict)
+    """What telemetry measured per job at this pass (pack's input, the reported demand)."""
 
 
 def desired_spec(
@@ -57,6 +59,10 @@ def desired_spec(
 def shaped_jobs(snapshot: DiscoverySnapshot) -> set[str]:
     """Jobs with at least one port the interface's filters can match."""
     return {job for job, ports in snapshot.job_ports().items() if ports}
+
+
+def _policy_settings(config: AgentConfig) -> tuple[object, ...]:
+    return (config.policy, config.interval_s, config.max_slowdown, config.starvation_window_s)
 
 
 def local_policy(config: AgentConfig) -> BandPolicy:
@@ -95,7 +101,7 @@ class Reconciler:
 
     def reconfigure(self, config: AgentConfig) -> None:
         """A reloaded config: keeps the arrival order when the policy stays the same."""
-        if local_policy(config) != local_policy(self.config):
+        if _policy_settings(config) != _policy_settings(self.config):
             self.policy.local = local_policy(config)
         if config.discovery != self.config.discovery:
             self.scanner.set_rules(config.discovery)
@@ -122,7 +128,8 @@ class Reconciler:
             snapshot = self.scanner.scan()
             self._scanned = (now, snapshot)
         scanned = self._clock()
-        plan = self.policy.evaluate(now, shaped_jobs(snapshot), self.loads())
+        loads = self.loads()
+        plan = self.policy.evaluate(now, shaped_jobs(snapshot), loads)
         spec = desired_spec(self.config, snapshot, plan)
         ops, full = 0, False
         if spec is None:
@@ -160,6 +167,7 @@ class Reconciler:
             full_resync=full,
             scan_s=scanned - now,
             duration_s=self._clock() - now,
+            loads=loads,
         )
 
     def dry_run(self) -> tuple[BandPlan, DatapathSpec | None, PlannedChange | None]:

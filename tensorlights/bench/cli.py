@@ -9,6 +9,7 @@ import platform
 import sys
 import tempfile
 import time
+from dataclasses import replace
 from pathlib import Path
 from typing import Any
 
@@ -179,7 +180,7 @@ def _plan(chosen: list[Scenario], compared: list[Policy], reps: int) -> list[Ste
                 key = profile_key(job)
                 if key not in seen:
                     seen.add(key)
-                    alone = job.__class__(job.name, *job.profile)
+                    alone = replace(job, start_s=0.0)
                     steps.append((f"alone:{key}", Policy.ALONE, rep, key, [alone]))
         for scenario in chosen:
             order = compared[rep % len(compared) :] + compared[: rep % len(compared)]
@@ -207,27 +208,22 @@ def _resume(out: Path, meta: dict[str, Any]) -> set[tuple[str, str, int]]:
         ]
         meta["reps"] = max(old["reps"], meta["reps"])
     meta_path.write_text(json.dumps(meta, indent=2) + "\n")
+    return {(t.scenario, t.policy, t.rep) for t in _read_trials(out)}
+
+
+def _read_trials(out: Path) -> list[Trial]:
+    """The runs recorded in `out` so far (one JSON line each)."""
     if not (out / TRIALS).exists():
-        return set()
-    return {
-        (t.scenario, t.policy, t.rep)
-        for t in (
-            Trial.from_dict(json.loads(line))
-            for line in (out / TRIALS).read_text().splitlines()
-            if line
-        )
-    }
+        return []
+    lines = (out / TRIALS).read_text().splitlines()
+    return [Trial.from_dict(json.loads(line)) for line in lines if line]
 
 
 def _write_report(out: Path, chosen: list[Scenario], no_plots: bool) -> None:
     meta = json.loads((out / META).read_text())
-    trials = [
-        Trial.from_dict(json.loads(line))
-        for line in (out / TRIALS).read_text().splitlines()
-        if line
-    ]
+    trials = _read_trials(out)
     alone = alone_jct(trials)
-    order = [p for p in meta["policies"]]
+    order = list(meta["policies"])
     summaries = [
         summarize(s, meta["rate_bps"], trials, alone, order)
         for s in sorted(chosen, key=lambda s: s.key)

@@ -89,7 +89,7 @@ class BandPolicy:
     _green_since: float | None = field(default=None, init=False)
     _packed: list[str] = field(default_factory=list, init=False)
     _reorder_wanted_since: float | None = field(default=None, init=False)
-    _guard: StarvationGuard | None = field(default=None, init=False)
+    _guard: StarvationGuard = field(init=False)
 
     def __post_init__(self) -> None:
         if not self.max_slowdown > 1:
@@ -139,7 +139,6 @@ class BandPolicy:
     def _pack(
         self, now: float, loads: Mapping[str, JobLoad], previous_green: str | None
     ) -> BandPlan:
-        assert self._guard is not None
         present = set(self._order)
         self._guard.update(now, loads, present)
         # Arrivals and departures take effect at once (an arrival joins at the end; when the
@@ -171,15 +170,14 @@ class BandPolicy:
     @property
     def promoted(self) -> dict[str, float]:
         """Jobs `pack` promoted for the starvation bound, with their lag (seconds)."""
-        return dict(self._guard.promoted) if self._guard is not None else {}
+        return dict(self._guard.promoted)
 
     def pack_view(self) -> dict[str, object]:
         """The starvation guard's state, for status."""
-        guard = self._guard
         return {
             "max_slowdown": self.max_slowdown,
             "window_s": self.starvation_window_s,
-            "bound_aimed_for": guard.effective_bound if guard is not None else None,
+            "bound_aimed_for": self._guard.effective_bound,
             "promoted_lag_s": self.promoted,
         }
 

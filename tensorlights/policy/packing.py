@@ -101,11 +101,11 @@ class StarvationGuard:
     effective_bound: float = 0.0
     """The bound aimed for at the last update (see feasible_bound)."""
 
-    def lag(self, job: str, now: float, load: JobLoad | None) -> tuple[float, float]:
-        """(lag, present) over the window ending now."""
+    def lag(self, job: str, now: float, load: JobLoad | None) -> float:
+        """Time lost to waiting over the window ending now."""
         present = now - max(self._first_seen.get(job, now), now - self.window_s)
         if load is None:
-            return present, present
+            return present
         # Iterations are counted from when the agent began to track the job, i.e. from its
         # arrival (or the agent's start): the count at the window's start is the sample kept
         # at or before it, or 0 when the job arrived within the window.
@@ -115,11 +115,11 @@ class StarvationGuard:
         if self._first_seen.get(job, now) <= start and history and history[0][0] <= start:
             start_n = history[0][1]
         done = max(load.iterations - start_n, 0)
-        return max(present - done * load.standalone_period_s, 0.0), present
+        return max(present - done * load.standalone_period_s, 0.0)
 
-    def threshold(self, bound: float | None = None) -> float:
-        """The lag allowed in a window, with PROMOTE_AT's margin."""
-        return PROMOTE_AT * (1 - 1 / (bound or self.max_slowdown)) * self.window_s
+    def threshold(self, bound: float) -> float:
+        """The lag allowed in a window at slowdown `bound`, with PROMOTE_AT's margin."""
+        return PROMOTE_AT * (1 - 1 / bound) * self.window_s
 
     def feasible_bound(self, loads: Mapping[str, JobLoad], jobs: set[str]) -> float:
         """The slowdown bound that can be kept: `max_slowdown`, unless the jobs together
@@ -134,8 +134,8 @@ class StarvationGuard:
                 del self._first_seen[job]
                 self._history.pop(job, None)
                 self.promoted.pop(job, None)
-        bound = self.feasible_bound(loads, jobs)
-        self.effective_bound = bound
+        self.effective_bound = self.feasible_bound(loads, jobs)
+        limit = self.threshold(self.effective_bound)
         candidates: dict[str, float] = {}
         for job in jobs:
             self._first_seen.setdefault(job, now)
@@ -147,20 +147,15 @@ class StarvationGuard:
                 # Keep one sample at or before the window's start.
                 while len(history) > 1 and history[1][0] <= now - self.window_s:
                     history.popleft()
-            lag, _ = self.lag(job, now, load)
-            limit = self.threshold(bound)
+            lag = self.lag(job, now, load)
             if lag > limit or (job in self.promoted and lag >= RELEASE_AT * limit):
                 candidates[job] = lag
         # Promote only as many as fit on the link together (the most behind first): more
-        # would just share the link and all stay behind.
-        self.promoted = {}
-        total = 0.0
-        for job in sorted(candidates, key=lambda j: -candidates[j]):
-            demand = loads[job].demand if job in loads else 1.0
-            if self.promoted and total + demand > 1.0:
-                break
-            self.promoted[job] = candidates[job]
-            total += demand
+        # would just share the link and all stay behind. A job never measured counts as a
+        # whole link.
+        behind = sorted(candidates, key=lambda j: -candidates[j])
+        demands = {job: loads[job].demand if job in loads else 1.0 for job in behind}
+        self.promoted = {job: candidates[job] for job in fits_together(behind, demands)}
 
 
 def pack_order(
@@ -197,14 +192,15 @@ def pack_order(
     return first + middle + last
 
 
-def fits_together(order: Sequence[str], loads: Mapping[str, JobLoad]) -> list[str]:
-    """The prefix of `order` whose measured demands fit on the link together."""
+def fits_together(order: Sequence[str], demands: Mapping[str, float]) -> list[str]:
+    """The prefix of `order` whose demands fit on the link together (it ends at the first
+    job without one)."""
     group: list[str] = []
     total = 0.0
     for job in order:
-        load = loads.get(job)
-        if load is None or total + load.demand > 1.0:
+        demand = demands.get(job)
+        if demand is None or total + demand > 1.0:
             break
         group.append(job)
-        total += load.demand
+        total += demand
     return group

@@ -52,7 +52,7 @@ def test_order_smallest_demand_first_ties_keep_arrival() -> None:
 
 
 def test_fits_together_is_the_prefix_under_one_link() -> None:
-    loads = {"a": load(0.2, 0.3), "b": load(0.2, 0.3), "c": load(0.2, 0.3)}  # 0.4 each
+    loads = {j: load(0.2, 0.3).demand for j in ("a", "b", "c")}  # 0.4 each
     assert fits_together(["a", "b", "c"], loads) == ["a", "b"]
     assert fits_together(["x", "a"], loads) == []
 
