@@ -92,7 +92,8 @@ def test_agent_finds_tf_jobs_shapes_the_link_and_rotates_the_light(
     changes = [i for i in range(1, len(slots)) if slots[i][0] != slots[i - 1][0]]
     # 10 s with a 2 s slot: the light moved 4 or 5 times while the sink ran.
     assert 4 <= len(changes) <= 6, slots
-    near_change = {j for i in changes for j in (i - 1, i)}
+    # The first and last slots may hold a switch whose neighbour was cut off.
+    near_change = {0, len(slots) - 1} | {j for i in changes for j in (i - 1, i)}
     steady = [s for i, s in enumerate(slots) if i not in near_change]
     assert len(steady) >= 6, slots
     for _top, share, total in steady:
