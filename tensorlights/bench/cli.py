@@ -19,6 +19,7 @@ from tensorlights.bench import report
 from tensorlights.bench.results import Trial, alone_jct, profile_key, summarize
 from tensorlights.bench.runner import HOSTS, RunOptions, run_trial
 from tensorlights.bench.scenarios import (
+    COMPARED,
     SCENARIOS,
     Policy,
     Scenario,
@@ -45,7 +46,7 @@ def main() -> None:
 )
 @click.option(
     "--policies", default="all", show_default=True,
-    help="Of: fifo, fair, static, tl-rr-original, rotate.",
+    help=f"Of: {', '.join(COMPARED)}.",
 )  # fmt: skip
 @click.option("--reps", type=click.IntRange(1, 50), default=3, show_default=True)
 @click.option("--rate", default="300mbit", show_default=True, help="The PS host's link.")

@@ -6,10 +6,11 @@ from __future__ import annotations
 import itertools
 
 import pytest
+from click.testing import CliRunner
 from hypothesis import given, settings
 from hypothesis import strategies as st
 
-from tensorlights.bench import legacy_tc, report
+from tensorlights.bench import cli, legacy_tc, report
 from tensorlights.bench.bound import (
     link_makespan,
     link_seconds,
@@ -122,6 +123,13 @@ def test_selection_refuses_unknown_names() -> None:
         select("z")
     with pytest.raises(ConfigError, match="unknown policy"):
         select_policies("fifo,bogus")
+
+
+def test_run_help_lists_every_policy_it_accepts() -> None:
+    shown = CliRunner().invoke(cli.main, ["run", "--help"], terminal_width=200)
+    assert shown.exit_code == 0
+    listed = shown.output.split("Of: ", 1)[1].split(".", 1)[0]
+    assert listed.split(", ") == [policy.value for policy in COMPARED], shown.output
 
 
 def test_original_prios_rotate_and_fold_into_seven_levels() -> None:
