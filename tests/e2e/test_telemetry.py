@@ -49,7 +49,12 @@ def test_measured_spread_and_period_match_the_workers_own_log(
             document = agent.status()
             running = all(r.ps.poll() is None for r in jobs.values())
             if running and document and len(document.get("telemetry") or {}) == len(jobs):
-                code, text = agent.http("/metrics")  # scraped while the jobs run
+                # Scraped while the jobs run; the last scrape showing every job's spread is
+                # kept (a job that ends between the status and the scrape leaves the agent,
+                # and its series with it).
+                scraped_code, scraped = agent.http("/metrics")
+                if all(f'spread_seconds_count{{job="{job}"}}' in scraped for job in jobs):
+                    code, text = scraped_code, scraped
             return document
 
         truths, measured = collect_iterations(status, jobs)
