@@ -486,18 +486,7 @@ class AgentApp:
             document["telemetry_error"] = self._sampler.last_error
             if config.policy is PolicyName.PACK and self._reconciler is not None:
                 loads = result.loads if result is not None else {}
-                document["pack"] = {
-                    **self._reconciler.policy.local.pack_view(),
-                    "loads": {
-                        job: {
-                            "demand": load.demand,
-                            "link_s": load.link_s,
-                            "compute_s": load.compute_s,
-                            "iterations": load.iterations,
-                        }
-                        for job, load in loads.items()
-                    },
-                }
+                document["pack"] = self._reconciler.policy.local.pack_view(loads)
         return document
 
 

@@ -18,6 +18,7 @@ from tensorlights.controller.config import (
     DEFAULT_LISTEN,
     DEFAULT_METRICS,
     DEFAULT_SOCKET,
+    POLICIES,
     build_config,
 )
 
@@ -48,7 +49,7 @@ def main() -> None:
 @click.option("--metrics-address", metavar="HOST:PORT", help=f"[default: {DEFAULT_METRICS}]")
 @click.option(
     "--policy",
-    type=click.Choice(["rotate", "pack"]),
+    type=click.Choice(POLICIES),
     help="rotate: a coordinated cycle of green slots; pack: one cluster-wide order by the "
     "demand agents measure [default: pack].",
 )

@@ -76,24 +76,8 @@ class Planner:
             for host in job_hosts:
                 if host in jobs_of:
                     jobs_of[host].append(job)
-        orders: dict[str, tuple[tuple[str, ...], ...]]
         if self.policy == "pack":
-            rank = {job: i for i, job in enumerate(ranking)}
-            orders = {
-                host: (tuple(sorted(jobs, key=rank.__getitem__)),) if jobs else ()
-                for host, jobs in jobs_of.items()
-            }
-            tops = frozenset(order[0][0] for order in orders.values() if order)
-            # Green: first on every host it runs on (one slot, no rotation).
-            green = {
-                job
-                for job in tops
-                if all(orders[h] and orders[h][0][0] == job for h in membership[job] if h in orders)
-            }
-            self.schedule = Schedule(
-                (frozenset(green),) if membership else (),
-                {job: (0,) if job in green else () for job in membership},
-            )
+            self.schedule, orders = _ranked_plan(ranking, membership, jobs_of)
         else:
             self.schedule = build_schedule(membership)
             orders = {host: host_orders(self.schedule, jobs) for host, jobs in jobs_of.items()}
@@ -140,3 +124,28 @@ class Planner:
             next_at=changes[0][1] if changes else None,
             upcoming=tuple(changes),
         )
+
+
+def _ranked_plan(
+    ranking: Sequence[str],
+    membership: Mapping[str, frozenset[str]],
+    jobs_of: Mapping[str, Sequence[str]],
+) -> tuple[Schedule, dict[str, tuple[tuple[str, ...], ...]]]:
+    """pack's plan: one slot per host, its jobs in the cluster-wide `ranking`; green are the
+    jobs first on every host they run on (no rotation)."""
+    rank = {job: i for i, job in enumerate(ranking)}
+    orders: dict[str, tuple[tuple[str, ...], ...]] = {
+        host: (tuple(sorted(jobs, key=rank.__getitem__)),) if jobs else ()
+        for host, jobs in jobs_of.items()
+    }
+    tops = frozenset(order[0][0] for order in orders.values() if order)
+    green = {
+        job
+        for job in tops
+        if all(orders[h] and orders[h][0][0] == job for h in membership[job] if h in orders)
+    }
+    schedule = Schedule(
+        (frozenset(green),) if membership else (),
+        {job: (0,) if job in green else () for job in membership},
+    )
+    return schedule, orders

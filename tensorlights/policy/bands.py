@@ -172,13 +172,22 @@ class BandPolicy:
         """Jobs `pack` promoted for the starvation bound, with their lag (seconds)."""
         return dict(self._guard.promoted)
 
-    def pack_view(self) -> dict[str, object]:
-        """The starvation guard's state, for status."""
+    def pack_view(self, loads: Mapping[str, JobLoad]) -> dict[str, object]:
+        """The starvation guard's state and the loads it judged, for status."""
         return {
             "max_slowdown": self.max_slowdown,
             "window_s": self.starvation_window_s,
             "bound_aimed_for": self._guard.effective_bound,
             "promoted_lag_s": self.promoted,
+            "loads": {
+                job: {
+                    "demand": load.demand,
+                    "link_s": load.link_s,
+                    "compute_s": load.compute_s,
+                    "iterations": load.iterations,
+                }
+                for job, load in loads.items()
+            },
         }
 
     def _track(self, jobs: set[str] | frozenset[str]) -> None:

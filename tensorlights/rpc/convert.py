@@ -9,7 +9,7 @@ from __future__ import annotations
 
 import math
 import re
-from collections.abc import Sequence
+from collections.abc import Callable, Sequence
 from typing import TypeVar
 
 from google.protobuf.message import DecodeError, Message
@@ -77,22 +77,20 @@ def _check_text(what: str, text: str) -> str:
     return text
 
 
-def _optional_seconds(message: pb.PsJob, name: str) -> float | None:
+def _optional_number(
+    message: pb.PsJob, name: str, valid: Callable[[float], bool], rule: str
+) -> float | None:
+    """An optional field of a job: None when unset; refused unless finite and `valid`."""
     if not message.HasField(name):
         return None
     value = float(getattr(message, name))
-    if not (math.isfinite(value) and value >= 0):
-        raise InvalidMessage(f"job {message.job}: {name} {value} must be finite and >= 0")
+    if not (math.isfinite(value) and valid(value)):
+        raise InvalidMessage(f"job {message.job}: {name} {value} must be {rule}")
     return value
 
 
-def _optional_demand(message: pb.PsJob) -> float | None:
-    if not message.HasField("demand"):
-        return None
-    value = float(message.demand)
-    if not (math.isfinite(value) and 0 < value <= 1):
-        raise InvalidMessage(f"job {message.job}: demand {value} must be in (0, 1]")
-    return value
+def _optional_seconds(message: pb.PsJob, name: str) -> float | None:
+    return _optional_number(message, name, lambda v: v >= 0, "finite and >= 0")
 
 
 def registration(data: bytes) -> Registration:
@@ -136,7 +134,7 @@ def report(data: bytes) -> HostReport:
             connections=job.connections,
             spread_s=_optional_seconds(job, "spread_s"),
             period_s=_optional_seconds(job, "period_s"),
-            demand=_optional_demand(job),
+            demand=_optional_number(job, "demand", lambda v: 0 < v <= 1, "in (0, 1]"),
         )
     rotations = []
     for rotation in message.rotations:
