@@ -12,6 +12,7 @@ import threading
 import time
 from collections import deque
 from collections.abc import Callable
+from itertools import islice
 
 from tensorlights.discovery.sockdiag import SockDiag
 from tensorlights.errors import TensorLightsError
@@ -82,7 +83,8 @@ class TelemetrySampler:
             busy = self.tracker.busy_jobs()
             loads = {}
             for job, items in self._recent.items():
-                last = list(items)[-LOAD_ITERATIONS:]
+                # The newest few, without copying the whole history (this runs every pass).
+                last = list(islice(reversed(items), LOAD_ITERATIONS))
                 load = job_load(
                     [i.pushed_bytes for i in last],
                     [i.idle_before_s for i in last if i.idle_before_s is not None],
