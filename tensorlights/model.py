@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import functools
 import math
+import re
 from dataclasses import dataclass, field
 from typing import NamedTuple
 
@@ -13,6 +14,25 @@ NUM_BANDS = 8
 """HTB has eight priorities (0-7); band 0 is the green light."""
 GREEN_BAND = 0
 MAX_PORT = 65535
+MAX_JOB_ID = 256
+"""A job id is 1-256 printable characters, wherever it comes from (a process's environment,
+a launcher's spec, a jobs file, an agent's report)."""
+
+_HOST_NAME = re.compile(r"^[A-Za-z0-9]([A-Za-z0-9._-]{0,252})$")
+
+
+def job_id_problem(job: str) -> str | None:
+    """Why `job` is not a job id, or None when it is one."""
+    if not job or len(job) > MAX_JOB_ID or not job.isprintable():
+        return f"job id {job[:80]!r} must be 1-{MAX_JOB_ID} printable characters"
+    return None
+
+
+def host_name_problem(host: str) -> str | None:
+    """Why `host` is not a host name as the controller knows hosts, or None."""
+    if not _HOST_NAME.match(host):
+        return f"host {host[:80]!r} is not a host name (letters, digits, . _ -)"
+    return None
 
 
 @dataclass(frozen=True)
@@ -28,8 +48,8 @@ class JobShaping:
     ports: frozenset[int]
 
     def __post_init__(self) -> None:
-        if not self.job or len(self.job) > 256 or not self.job.isprintable():
-            raise ConfigError(f"job id {self.job!r} must be 1-256 printable characters")
+        if problem := job_id_problem(self.job):
+            raise ConfigError(problem)
         if not 0 <= self.band < NUM_BANDS:
             raise ConfigError(f"job {self.job}: band {self.band} is outside 0..{NUM_BANDS - 1}")
         bad = sorted(p for p in self.ports if not 1 <= p <= MAX_PORT)

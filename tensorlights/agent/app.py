@@ -36,12 +36,12 @@ from tensorlights.agent.config import (
     build_config,
     with_link_rate,
 )
-from tensorlights.agent.health import Health
-from tensorlights.agent.http import MetricsServer
 from tensorlights.agent.metrics import AgentMetrics, KernelCounters
 from tensorlights.agent.reconcile import PassResult, Reconciler, shaped_jobs
-from tensorlights.agent.sdnotify import Notifier
 from tensorlights.agent.status import StatusBoard, StatusServer
+from tensorlights.daemon.health import Health
+from tensorlights.daemon.http import MetricsServer
+from tensorlights.daemon.sdnotify import Notifier
 from tensorlights.datapath import open_datapath
 from tensorlights.datapath.dscp import DscpMarker
 from tensorlights.datapath.nft import Nft

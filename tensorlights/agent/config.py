@@ -26,7 +26,7 @@ from tensorlights.errors import ConfigError, LinkRateUnknownError
 from tensorlights.model import DatapathSpec
 from tensorlights.policy.bands import PolicyName
 from tensorlights.policy.dscp_plan import DEFAULT_BAND_DSCP, validate_band_dscp
-from tensorlights.rpc.tls import TlsFiles
+from tensorlights.tls_files import TlsFiles
 from tensorlights.units import parse_rate
 
 E = TypeVar("E", bound=StrEnum)

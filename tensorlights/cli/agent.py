@@ -26,9 +26,9 @@ from tensorlights.agent.config import (
     discovery_rules,
     with_link_rate,
 )
-from tensorlights.agent.sdnotify import Notifier
 from tensorlights.cli.common import echo_json, log_level_option, reports_errors, setup_logging
 from tensorlights.configfile import read_config_file
+from tensorlights.daemon.sdnotify import Notifier
 from tensorlights.datapath import BACKENDS, open_datapath
 from tensorlights.datapath.tc_messages import format_handle, handle
 from tensorlights.policy.bands import PolicyName

@@ -10,7 +10,6 @@ import click
 from prometheus_client import CollectorRegistry
 
 from tensorlights import __version__
-from tensorlights.agent.sdnotify import Notifier
 from tensorlights.cli.common import log_level_option, reports_errors, setup_logging
 from tensorlights.configfile import read_config_file
 from tensorlights.controller.config import (
@@ -21,6 +20,7 @@ from tensorlights.controller.config import (
     POLICIES,
     build_config,
 )
+from tensorlights.daemon.sdnotify import Notifier
 
 
 @click.group(context_settings={"help_option_names": ["-h", "--help"]})
@@ -93,7 +93,7 @@ def run(config_path: Path | None, log_level: str, **flags: Any) -> None:
         for key in ("listen", "socket", "metrics_address", "policy", "slot", "lease", "state_dir")
     }
     config = build_config(file_values, overrides)
-    from tensorlights.controller.app import ControllerApp
+    from tensorlights.controller_app import ControllerApp
 
     sys.exit(ControllerApp(config, CollectorRegistry(), Notifier.from_environment()).run())
 

@@ -19,7 +19,7 @@ from tensorlights import __version__
 from tensorlights.cli.common import echo_json, reports_errors
 from tensorlights.controller.config import DEFAULT_SOCKET
 from tensorlights.rpc.operator_client import OperatorClient
-from tensorlights.rpc.tls import TlsFiles
+from tensorlights.tls_files import TlsFiles
 from tensorlights.units import parse_duration
 
 F = TypeVar("F", bound=Callable[..., Any])

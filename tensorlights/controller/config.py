@@ -11,7 +11,7 @@ from typing import Any
 
 from tensorlights.configfile import duration, flag, parse_address, section, text
 from tensorlights.errors import ConfigError
-from tensorlights.rpc.tls import TlsFiles
+from tensorlights.tls_files import TlsFiles
 
 DEFAULT_CONFIG = Path("/etc/tensorlights/controller.toml")
 DEFAULT_LISTEN = "0.0.0.0:9740"

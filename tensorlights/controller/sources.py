@@ -25,7 +25,7 @@ from tensorlights.controller.registry import SourceJob
 from tensorlights.controller.slurm import SlurmSource
 from tensorlights.discovery.rules import launcher_job
 from tensorlights.errors import ConfigError, TransientError
-from tensorlights.rpc.convert import InvalidMessage, check_host, check_job
+from tensorlights.model import host_name_problem, job_id_problem
 
 KUBEFLOW_JOB = "training.kubeflow.org/job-name"
 KUBEFLOW_REPLICA = "training.kubeflow.org/replica-type"
@@ -73,11 +73,11 @@ def parse_jobs_file(text: str, origin: str = "jobs file") -> list[SourceJob]:
         hosts = entry.get("ps_hosts")
         if not isinstance(hosts, list) or not hosts or not all(isinstance(h, str) for h in hosts):
             raise ConfigError(f"{where}: ps_hosts must be a non-empty list of host names")
-        try:
-            job = check_job(str(entry.get("id", "")))
-            ps_hosts = frozenset(check_host(h) for h in hosts)
-        except InvalidMessage as exc:
-            raise ConfigError(f"{where}: {exc}") from exc
+        job = str(entry.get("id", ""))
+        problem = job_id_problem(job) or next(filter(None, map(host_name_problem, hosts)), None)
+        if problem:
+            raise ConfigError(f"{where}: {problem}")
+        ps_hosts = frozenset(hosts)
         if job in jobs:
             raise ConfigError(f"{where}: job {job} is listed twice")
         jobs[job] = SourceJob(

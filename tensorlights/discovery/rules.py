@@ -20,6 +20,7 @@ from string import Template
 from typing import Any
 
 from tensorlights.errors import ConfigError
+from tensorlights.model import job_id_problem
 
 PS = "ps"
 WORKER = "worker"
@@ -31,7 +32,6 @@ TASK = "task"
 
 ENV_JOB = "TENSORLIGHTS_JOB"
 ENV_ROLE = "TENSORLIGHTS_ROLE"
-MAX_JOB_ID = 256
 
 _SLURM_CGROUP = re.compile(r"/job_(\d+)/step_[^/\n]+/(?:user/)?task_\d+")
 _TF_ROLES = {"ps": PS, "worker": WORKER, "chief": CHIEF, "master": CHIEF, "evaluator": EVALUATOR}
@@ -150,8 +150,8 @@ def identify(facts: ProcessFacts, rules: DiscoveryRules) -> Verdict:
         return Verdict(None, problem)
     if job is None:
         return Verdict(None, f"role {role} from {source} but no job id: set {ENV_JOB}")
-    if len(job) > MAX_JOB_ID or not job.isprintable():
-        return Verdict(None, f"job id {job[:40]!r}... is not 1-{MAX_JOB_ID} printable characters")
+    if problem := job_id_problem(job):
+        return Verdict(None, problem)
     return Verdict(Identity(job=job, role=role, source=source, peers=peers), problem)
 
 

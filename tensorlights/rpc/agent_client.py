@@ -21,9 +21,10 @@ import grpc
 from tensorlights.model import AppliedRotation, HostReport, PlanSlots, Registration, ReportedJob
 from tensorlights.rpc import convert
 from tensorlights.rpc.convert import InvalidMessage
-from tensorlights.rpc.tls import TlsFiles, channel_credentials, channel_options, diagnose
+from tensorlights.rpc.tls import channel_credentials, channel_options, diagnose
 from tensorlights.rpc.v1 import agent_link_pb2 as pb
 from tensorlights.rpc.v1 import agent_link_pb2_grpc as pb_grpc
+from tensorlights.tls_files import TlsFiles
 
 log = logging.getLogger("tensorlights.agent.link")
 

@@ -21,6 +21,8 @@ from tensorlights.model import (
     PlanSlots,
     Registration,
     ReportedJob,
+    host_name_problem,
+    job_id_problem,
 )
 from tensorlights.policy.bands import PolicyName
 from tensorlights.rpc.v1 import agent_link_pb2 as pb
@@ -37,7 +39,6 @@ MAX_TEXT = 1024
 MODES = ("plan", "local")
 POLICIES = tuple(policy.value for policy in PolicyName)  # the agent's local policies
 
-_HOST = re.compile(r"^[A-Za-z0-9]([A-Za-z0-9._-]{0,252})$")
 _INTERFACE = re.compile(r"^[^/\s]{1,15}$")
 
 
@@ -55,14 +56,14 @@ def parse(message_type: type[M], data: bytes) -> M:
 
 
 def check_host(host: str) -> str:
-    if not _HOST.match(host):
-        raise InvalidMessage(f"host {host[:80]!r} is not a host name (letters, digits, . _ -)")
+    if problem := host_name_problem(host):
+        raise InvalidMessage(problem)
     return host
 
 
 def check_job(job: str) -> str:
-    if not job or len(job) > 256 or not job.isprintable():
-        raise InvalidMessage(f"job id {job[:80]!r} must be 1-256 printable characters")
+    if problem := job_id_problem(job):
+        raise InvalidMessage(problem)
     return job
 
 

@@ -15,9 +15,10 @@ import grpc
 from google.protobuf.message import Message
 
 from tensorlights.errors import PermanentError, TransientError
-from tensorlights.rpc.tls import TlsFiles, channel_credentials, channel_options, diagnose
+from tensorlights.rpc.tls import channel_credentials, channel_options, diagnose
 from tensorlights.rpc.v1 import operator_pb2 as pb
 from tensorlights.rpc.v1 import operator_pb2_grpc as pb_grpc
+from tensorlights.tls_files import TlsFiles
 
 
 class ControllerUnavailable(TransientError):

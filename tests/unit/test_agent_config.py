@@ -12,8 +12,8 @@ from tensorlights.agent.config import (
     build_config,
     with_link_rate,
 )
-from tensorlights.agent.health import Health
 from tensorlights.configfile import parse_address, read_config_file
+from tensorlights.daemon.health import Health
 from tensorlights.errors import ConfigError, LinkRateUnknownError
 from tensorlights.policy.bands import PolicyName
 

@@ -1,5 +1,6 @@
-"""The controller's composition root: config, registry, planner, sources and servers are
-built here; everything runs on one asyncio loop.
+"""The controller daemon's composition root: config, registry, planner, sources and servers
+are built here; everything runs on one asyncio loop. It sits outside `controller/` because it
+wires the core to `rpc/` (whose servers adapt the core to gRPC): the core never sees rpc/.
 
 Servers:
   agents + operators  TCP `listen`, mutual TLS (client certificates from the CA required):
@@ -29,9 +30,6 @@ import grpc
 from prometheus_client import CollectorRegistry
 
 from tensorlights import __version__
-from tensorlights.agent.health import Health
-from tensorlights.agent.http import MetricsServer
-from tensorlights.agent.sdnotify import Notifier
 from tensorlights.controller.config import ControllerConfig
 from tensorlights.controller.core import Controller, Source
 from tensorlights.controller.metrics import ControllerMetrics
@@ -39,6 +37,9 @@ from tensorlights.controller.planner import Planner
 from tensorlights.controller.registry import Registry
 from tensorlights.controller.slurm import SlurmSource
 from tensorlights.controller.sources import KubernetesPods, SlurmMembership, StaticJobsFile
+from tensorlights.daemon.health import Health
+from tensorlights.daemon.http import MetricsServer
+from tensorlights.daemon.sdnotify import Notifier
 from tensorlights.errors import ConfigError
 from tensorlights.rpc.convert import MAX_MESSAGE_BYTES
 from tensorlights.rpc.server import agent_link_service, operator_service

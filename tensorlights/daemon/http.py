@@ -9,7 +9,7 @@ from http.server import BaseHTTPRequestHandler, ThreadingHTTPServer
 
 from prometheus_client import CONTENT_TYPE_LATEST, CollectorRegistry, generate_latest
 
-from tensorlights.agent.health import Health
+from tensorlights.daemon.health import Health
 
 
 class MetricsServer:

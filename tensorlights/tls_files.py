@@ -1,0 +1,26 @@
+"""Where a daemon's or tlctl's TLS material lives (a config value; no TLS library here, so
+reading a config never pulls in grpc)."""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+from pathlib import Path
+
+from tensorlights.errors import ConfigError
+
+
+@dataclass(frozen=True)
+class TlsFiles:
+    ca: Path
+    cert: Path
+    key: Path
+
+    def read(self, what: str) -> tuple[bytes, bytes, bytes]:
+        """(ca, cert, key) bytes; ConfigError naming the file that cannot be read."""
+        data = []
+        for name, path in (("ca", self.ca), ("cert", self.cert), ("key", self.key)):
+            try:
+                data.append(path.read_bytes())
+            except OSError as exc:
+                raise ConfigError(f"{what}.{name} {path}: {exc.strerror}") from exc
+        return data[0], data[1], data[2]
