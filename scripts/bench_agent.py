@@ -21,7 +21,7 @@ import tempfile
 import time
 from pathlib import Path
 
-from tensorlights.agent.status import read_status
+from tensorlights.agent.status import Shaping, read_status
 from tensorlights.errors import TransientError
 from tensorlights.testbed import netns
 from tensorlights.testbed.socket_holder import Holder, clean_env, start_holder
@@ -41,13 +41,13 @@ def rss_mib(pid: int) -> float:
     raise RuntimeError("no VmRSS")
 
 
-def wait_for_jobs(sock: Path, jobs: int, deadline_s: float = 60) -> dict[str, object]:
+def wait_for_jobs(sock: Path, jobs: int, deadline_s: float = 60) -> Shaping:
     end = time.monotonic() + deadline_s
     while time.monotonic() < end:
         try:
-            document = read_status(sock)
-            if len(document.get("bands", {})) == jobs:
-                return document
+            status = read_status(sock)
+            if status is not None and status.shaping and len(status.shaping.bands) == jobs:
+                return status.shaping
         except (TransientError, OSError, json.JSONDecodeError):
             pass
         time.sleep(0.2)
@@ -93,11 +93,8 @@ def main() -> None:
                 "--state-dir", str(Path(workdir) / "state"), "--log-level", "warning",
             ]  # fmt: skip
             agent = subprocess.Popen(pair.a.exec_args(*command), env=clean_env())
-            document = wait_for_jobs(sock, args.jobs)
-            connections = sum(
-                len(task["connections"])  # type: ignore[index]
-                for task in document["discovery"]["tasks"]  # type: ignore[index]
-            )
+            shaping = wait_for_jobs(sock, args.jobs)
+            connections = sum(len(task["connections"]) for task in shaping.discovery["tasks"])
             time.sleep(5)  # warm-up: imports done, caches filled
             start_cpu, start = cpu_seconds(agent.pid), time.monotonic()
             rss = []
@@ -107,7 +104,7 @@ def main() -> None:
             cpu = cpu_seconds(agent.pid) - start_cpu
             wall = time.monotonic() - start
             status = read_status(sock)
-            rotations = len(status["rotations"]["recent"])  # type: ignore[index]
+            rotations = len(status.recent_rotations) if status is not None else 0
         finally:
             if agent is not None:
                 agent.terminate()

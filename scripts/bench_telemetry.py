@@ -20,9 +20,8 @@ import sys
 import tempfile
 import time
 from pathlib import Path
-from typing import Any
 
-from tensorlights.agent.status import read_status
+from tensorlights.agent.status import AgentStatus, read_status
 from tensorlights.errors import TransientError
 from tensorlights.telemetry.accuracy import Agreement, compare
 from tensorlights.testbed import netns
@@ -36,7 +35,7 @@ from tensorlights.testbed.psjob import (
 from tensorlights.testbed.socket_holder import clean_env
 
 
-def status(sock: Path) -> dict[str, Any] | None:
+def status(sock: Path) -> AgentStatus | None:
     try:
         return read_status(sock)
     except (TransientError, OSError, json.JSONDecodeError):

@@ -4,7 +4,6 @@ agent's and the controller's configuration)."""
 from __future__ import annotations
 
 import tomllib
-from collections.abc import Mapping
 from enum import StrEnum
 from pathlib import Path
 from typing import Any, TypeVar
@@ -37,34 +36,34 @@ def parse_address(text: str) -> tuple[str, int]:
     return host.strip("[]") or "127.0.0.1", int(port)
 
 
-def text(values: Mapping[str, Any], key: str, default: str | None = None) -> str:
-    value = values.get(key, default)
+def text(value: Any, key: str) -> str:
     if not isinstance(value, str):
         raise ConfigError(f"{key} must be a string, got {value!r}")
     return value
 
 
-def flag(values: Mapping[str, Any], key: str, default: bool) -> bool:
-    value = values.get(key, default)
+def flag(value: Any, key: str) -> bool:
     if not isinstance(value, bool):
         raise ConfigError(f"{key} must be true or false, got {value!r}")
     return value
 
 
-def number(values: Mapping[str, Any], key: str, default: float) -> float:
-    value = values.get(key, default)
+def number(value: Any, key: str) -> float:
     if isinstance(value, bool) or not isinstance(value, int | float):
         raise ConfigError(f"{key} must be a number, got {value!r}")
     return float(value)
 
 
-def duration(values: Mapping[str, Any], key: str, default: float) -> float:
-    value = values.get(key)
-    if value is None:
-        return default
+def integer(value: Any, key: str) -> int:
+    if isinstance(value, bool) or not isinstance(value, int):
+        raise ConfigError(f"{key} must be an integer")
+    return value
+
+
+def duration(value: Any, key: str) -> float:
     if isinstance(value, bool) or not isinstance(value, str | int | float):
         raise ConfigError(f"{key} must be a duration such as 3s or 500ms, got {value!r}")
-    return parse_duration(str(value)) if isinstance(value, str) else float(value)
+    return parse_duration(value) if isinstance(value, str) else float(value)
 
 
 def choice(kind: type[E], value: Any, key: str) -> E:

@@ -30,6 +30,7 @@ from rich.table import Table
 from tensorlights.agent.status import read_status
 from tensorlights.devca import make_pki
 from tensorlights.errors import TensorLightsError, TransientError
+from tensorlights.model import Mode
 from tensorlights.rpc.operator_client import OperatorClient
 from tensorlights.testbed import netns
 from tensorlights.testbed.psjob import RunningJob, start_job, tf_job_id, tf_launcher_env
@@ -101,13 +102,15 @@ def _tag_of_jobs() -> dict[str, str]:
 def _agent_spreads(sock: Path) -> dict[str, float]:
     """Median spread per job as the agent's own telemetry measured it."""
     try:
-        document = read_status(sock)
+        status = read_status(sock)
     except (TransientError, OSError, json.JSONDecodeError):
+        return {}
+    if status is None or status.telemetry is None:
         return {}
     tags = _tag_of_jobs()
     return {
-        tags[job]: statistics.median(item["spread_s"] for item in items)
-        for job, items in (document.get("telemetry") or {}).items()
+        tags[job]: statistics.median(item.spread_s for item in items)
+        for job, items in status.telemetry.iterations.items()
         if job in tags and items
     }
 
@@ -163,7 +166,8 @@ def _start_agent(
 
     def following() -> bool:
         try:
-            return read_status(workdir / "agent.sock").get("mode") == "plan"
+            status = read_status(workdir / "agent.sock")
+            return status is not None and status.mode is Mode.PLAN
         except (TransientError, OSError, json.JSONDecodeError):
             return False
 

@@ -6,6 +6,7 @@ import functools
 import math
 import re
 from dataclasses import dataclass, field
+from enum import StrEnum
 from typing import NamedTuple
 
 from tensorlights.errors import ConfigError
@@ -247,14 +248,32 @@ class Registration:
     fallback_policy: str
 
 
+class Mode(StrEnum):
+    """Whose decision a host's bands are."""
+
+    PLAN = "plan"
+    """The controller's plan (its lease runs)."""
+    LOCAL = "local"
+    """The host's own policy (standalone, no plan yet, or the lease ran out)."""
+
+
+class LinkStatus(StrEnum):
+    """An agent's link to the controller."""
+
+    CONNECTING = "connecting"
+    CONNECTED = "connected"
+    UNREACHABLE = "unreachable"
+    UNAUTHENTICATED = "unauthenticated"
+    REFUSED = "refused"
+
+
 @dataclass(frozen=True)
 class HostReport:
     session: str
     seq: int
     jobs: tuple[ReportedJob, ...]
     rotations: tuple[AppliedRotation, ...]
-    mode: str
-    """"plan" or "local"."""
+    mode: Mode
     health: str
 
 

@@ -9,18 +9,26 @@ from __future__ import annotations
 import math
 import socket
 from collections.abc import Mapping
-from dataclasses import dataclass, field, replace
+from dataclasses import dataclass, replace
 from enum import StrEnum
 from pathlib import Path
 from typing import Any, TypeVar
 
-from tensorlights.configfile import choice as _choice
-from tensorlights.configfile import duration as _duration
-from tensorlights.configfile import flag as _flag
-from tensorlights.configfile import number as _number
-from tensorlights.configfile import parse_address
-from tensorlights.configfile import section as _section
-from tensorlights.configfile import text as _text
+from tensorlights.configfile import choice as read_choice
+from tensorlights.configfile import flag as read_flag
+from tensorlights.configfile import integer, parse_address, section
+from tensorlights.configfile import number as read_number
+from tensorlights.configfile import text as read_text
+from tensorlights.configspec import (
+    Reader,
+    allowed_keys,
+    check_keys,
+    check_ranges,
+    duration_param,
+    merge,
+    param,
+    read_fields,
+)
 from tensorlights.discovery.rules import DiscoveryRules, OperatorRule
 from tensorlights.errors import ConfigError, LinkRateUnknownError
 from tensorlights.model import DatapathSpec
@@ -33,7 +41,6 @@ E = TypeVar("E", bound=StrEnum)
 
 DEFAULT_CONFIG = Path("/etc/tensorlights/agent.toml")
 DEFAULT_METRICS_PORT = 9731
-DEFAULT_METRICS_ADDRESS = f"127.0.0.1:{DEFAULT_METRICS_PORT}"
 DEFAULT_STATUS_SOCKET = Path("/run/tensorlights/agent.sock")
 DEFAULT_STATE_DIR = Path("/var/lib/tensorlights")
 
@@ -52,69 +59,226 @@ class OnStop(StrEnum):
     """Leave the shaping in place for the next start to adopt (upgrades, restarts)."""
 
 
+def _address(value: Any, key: str) -> tuple[str, int]:
+    return parse_address(read_text(value, key))
+
+
+def _path(value: Any, key: str) -> Path:
+    return Path(read_text(value, key))
+
+
+def _rate(value: Any, key: str) -> int:
+    return parse_rate(read_text(value, key))
+
+
+def _enum(kind: type[E]) -> Reader:
+    return lambda value, key: read_choice(kind, value, key)
+
+
+def _tls(found: dict[str, Any], table: str) -> TlsFiles:
+    if set(found) != {"ca", "cert", "key"}:
+        raise ConfigError(f"[{table}] needs all of ca, cert and key, or none")
+    return TlsFiles(
+        *(Path(read_text(found[key], f"{table}.{key}")) for key in ("ca", "cert", "key"))
+    )
+
+
+def _dscp_bands(value: Any, key: str) -> tuple[int, ...]:
+    if not isinstance(value, list):
+        raise ConfigError(f"{key} must be a list of DSCP code points")
+    return validate_band_dscp(value)
+
+
+def _min_push(value: Any, key: str) -> int:
+    return integer(value, key)
+
+
 @dataclass(frozen=True)
 class AgentConfig:
-    interface: str
-    link_rate_bps: int | None = None
+    interface: str = param(
+        "interface",
+        read_text,
+        "Network interface whose egress is shaped, e.g. eth0.",
+        flag="--interface",
+        metavar="DEV",
+    )
+    link_rate_bps: int | None = param(
+        "link_rate",
+        _rate,
+        "Link capacity, e.g. 200mbit, 10gbit.",
+        default=None,
+        flag="--link-rate",
+        metavar="RATE",
+        default_text="the link's speed from the kernel",
+    )
     """None: read the link speed from the kernel at start (fails clearly if it has none)."""
-    policy: PolicyName = PolicyName.PACK
-    interval_s: float = 3.0
-    max_slowdown: float = 2.0
-    """pack: the starvation bound, a job's slowdown vs running alone."""
-    starvation_window_s: float = 120.0
-    """pack: the window the slowdown is measured over."""
-    standalone: bool = True
-    controller: str | None = None
-    """The controller's HOST:PORT (with standalone = false)."""
-    controller_tls: TlsFiles | None = None
-    controller_server_name: str | None = None
-    """The name the controller's certificate must carry (default: the address's host)."""
-    host_name: str = field(default_factory=socket.gethostname)
-    """The name this host registers as; its client certificate's common name."""
-    metrics_address: tuple[str, int] = ("127.0.0.1", DEFAULT_METRICS_PORT)
-    status_socket: Path = DEFAULT_STATUS_SOCKET
-    state_dir: Path = DEFAULT_STATE_DIR
-    on_stop: OnStop = OnStop.RESTORE
-    scan_interval_s: float = 0.25
-    resync_interval_s: float = 30.0
-    health_max_age_s: float = 10.0
-    unmanaged_share: float = 0.05
-    take_over_foreign_qdisc: bool = False
-    discovery: DiscoveryRules = field(default_factory=DiscoveryRules)
-    dscp_enabled: bool = True
-    dscp_bands: tuple[int, ...] = DEFAULT_BAND_DSCP
+    policy: PolicyName = param(
+        "policy",
+        _enum(PolicyName),
+        "fifo: observe only; static: fixed order (TL-One); rotate: the green light moves every "
+        "interval (TL-RR); pack: order by measured demand with a starvation bound "
+        "(max_slowdown, starvation_window).",
+        default=PolicyName.PACK,
+        flag="--policy",
+        choices=tuple(PolicyName),
+    )
+    interval_s: float = duration_param("interval", "Rotation slot (rotate).", 3.0, "--interval")
+    max_slowdown: float = param(
+        "max_slowdown",
+        read_number,
+        "pack: no job slowed more than this vs running alone, over starvation_window.",
+        default=2.0,
+        check=lambda v: math.isfinite(v) and v > 1,
+        rule="must be a number above 1",
+    )
+    starvation_window_s: float = duration_param(
+        "starvation_window", "pack: the window the slowdown is measured over.", 120.0
+    )
+    standalone: bool = param(
+        "standalone",
+        read_flag,
+        "Decide on this host alone; --no-standalone follows the controller ([controller]).",
+        default=True,
+        flag="--standalone/--no-standalone",
+        default_text="true, or false where a controller address is given",
+    )
+    controller: str | None = param(
+        "controller.address",
+        read_text,
+        "The controller's HOST:PORT; giving it turns standalone off.",
+        default=None,
+        flag="--controller",
+        metavar="HOST:PORT",
+    )
+    controller_tls: TlsFiles | None = param(
+        ("controller.ca", "controller.cert", "controller.key"),
+        _tls,
+        "The CA, this host's client certificate and its key (mutual TLS).",
+        default=None,
+    )
+    controller_server_name: str | None = param(
+        "controller.server_name",
+        read_text,
+        "The name the controller's certificate must carry.",
+        default=None,
+        default_text="the host part of the address",
+    )
+    host_name: str = param(
+        "controller.host",
+        read_text,
+        "The name this host registers as; its client certificate's common name.",
+        default_factory=socket.gethostname,
+        default_text="this machine's host name",
+    )
+    metrics_address: tuple[str, int] = param(
+        "metrics_address",
+        _address,
+        "Where /metrics and /healthz are served.",
+        default=("127.0.0.1", DEFAULT_METRICS_PORT),
+        flag="--metrics-address",
+        metavar="HOST:PORT",
+        show=lambda a: f"{a[0]}:{a[1]}",
+    )
+    status_socket: Path = param(
+        "status_socket",
+        _path,
+        "The local socket `tensorlights-agent status` reads.",
+        default=DEFAULT_STATUS_SOCKET,
+        flag="--status-socket",
+        metavar="PATH",
+    )
+    state_dir: Path = param(
+        "state_dir",
+        _path,
+        "Where the root qdisc we replaced is recorded for cleanup.",
+        default=DEFAULT_STATE_DIR,
+        flag="--state-dir",
+        metavar="DIR",
+    )
+    on_stop: OnStop = param(
+        "on_stop",
+        _enum(OnStop),
+        "On SIGTERM: restore the previous qdisc, or leave ours for the next start to adopt.",
+        default=OnStop.RESTORE,
+        flag="--on-stop",
+        choices=tuple(OnStop),
+    )
+    scan_interval_s: float = duration_param(
+        "scan_interval", "Discovery and reconcile cadence.", 0.25
+    )
+    resync_interval_s: float = duration_param(
+        "resync_interval", "Full read-back of the kernel state (repairs manual changes).", 30.0
+    )
+    health_max_age_s: float = duration_param(
+        "health_max_age", "/healthz is 503 when the last good pass is older.", 10.0
+    )
+    unmanaged_share: float = param(
+        "unmanaged_share",
+        read_number,
+        "Link share guaranteed to traffic of no job.",
+        default=0.05,
+    )
+    take_over_foreign_qdisc: bool = param(
+        "take_over_foreign_qdisc",
+        read_flag,
+        "Replace another root qdisc (restored on cleanup).",
+        default=False,
+    )
+    discovery: DiscoveryRules = param(
+        "discovery",
+        lambda table, key: _discovery(table),
+        "How PS processes are recognised ([discovery] and [[discovery.rule]]).",
+        default_factory=DiscoveryRules,
+        table=True,
+    )
+    dscp_enabled: bool = param(
+        "dscp.enabled",
+        read_flag,
+        "Mark PS packets with their band's DSCP (nftables).",
+        default=True,
+    )
+    dscp_bands: tuple[int, ...] = param(
+        "dscp.bands",
+        _dscp_bands,
+        "DSCP of bands 0 (green) .. 6.",
+        default=DEFAULT_BAND_DSCP,
+    )
     """DSCP of bands 0..6 (0 = green)."""
-    dscp_on_unsupported: OnUnsupported = OnUnsupported.ERROR
-    telemetry_enabled: bool = True
-    telemetry_sample_interval_s: float = 0.1
+    dscp_on_unsupported: OnUnsupported = param(
+        "dscp.on_unsupported",
+        _enum(OnUnsupported),
+        "No nftables here: error refuses to start; warn runs unmarked.",
+        default=OnUnsupported.ERROR,
+    )
+    telemetry_enabled: bool = param(
+        "telemetry.enabled",
+        read_flag,
+        "Straggler telemetry from the PS connections.",
+        default=True,
+    )
+    telemetry_sample_interval_s: float = duration_param(
+        "telemetry.sample_interval",
+        "How often tcp_info is sampled; keep it under half the workers' compute time.",
+        0.1,
+    )
     """Must be under half the workers' compute time to see every push apart."""
-    telemetry_min_push_bytes: int = 16 * 1024
+    telemetry_min_push_bytes: int = param(
+        "telemetry.min_push_bytes",
+        _min_push,
+        "Smaller writes are not parameter pushes.",
+        default=16 * 1024,
+        check=lambda v: v >= 1,
+        rule="must be at least 1",
+    )
 
     def __post_init__(self) -> None:
         if not self.interface:
             raise ConfigError("no interface: set interface in the config file or --interface")
-        if not (math.isfinite(self.max_slowdown) and self.max_slowdown > 1):
-            raise ConfigError(f"max_slowdown must be a number above 1, got {self.max_slowdown}")
-        for name in (
-            "interval_s",
-            "starvation_window_s",
-            "scan_interval_s",
-            "resync_interval_s",
-            "health_max_age_s",
-        ):
-            value = getattr(self, name)
-            if not (math.isfinite(value) and value > 0):
-                raise ConfigError(f"{name.removesuffix('_s')} must be a positive duration")
-        if not (
-            math.isfinite(self.telemetry_sample_interval_s) and self.telemetry_sample_interval_s > 0
-        ):
-            raise ConfigError("telemetry.sample_interval must be a positive duration")
+        check_ranges(self)
         if self.policy is PolicyName.PACK and not self.telemetry_enabled:
             raise ConfigError(
                 "policy pack orders jobs by what telemetry measures: enable telemetry"
             )
-        if self.telemetry_min_push_bytes < 1:
-            raise ConfigError("telemetry.min_push_bytes must be at least 1")
         if self.health_max_age_s <= self.scan_interval_s:
             raise ConfigError("health_max_age must be longer than scan_interval")
         # The datapath's own checks (interface name, rates, shares), before anything runs.
@@ -134,69 +298,17 @@ class AgentConfig:
             self.controller_tls.read("controller")
 
 
-_FILE_KEYS = {
-    "interface",
-    "link_rate",
-    "policy",
-    "interval",
-    "max_slowdown",
-    "starvation_window",
-    "standalone",
-    "controller",
-    "metrics_address",
-    "status_socket",
-    "state_dir",
-    "on_stop",
-    "scan_interval",
-    "resync_interval",
-    "health_max_age",
-    "unmanaged_share",
-    "take_over_foreign_qdisc",
-    "discovery",
-    "dscp",
-    "telemetry",
-}
-_CONTROLLER_KEYS = {"address", "ca", "cert", "key", "server_name", "host"}
-_TELEMETRY_KEYS = {"enabled", "sample_interval", "min_push_bytes"}
-_DSCP_KEYS = {"enabled", "bands", "on_unsupported"}
-_DISCOVERY_KEYS = {"torch_ps_roles", "torch_ps_ranks", "slurm_ps_procids", "rule"}
-_RULE_KEYS = {"name", "role", "job", "exe", "cmdline_regex", "env"}
-
-
 def build_config(file_values: Mapping[str, Any], overrides: Mapping[str, Any]) -> AgentConfig:
-    """File values, then the flags that were given (None = not given), validated."""
-    values = {**file_values, **{k: v for k, v in overrides.items() if v is not None}}
-    unknown = set(values) - _FILE_KEYS
-    if unknown:
-        raise ConfigError(f"unknown config keys: {', '.join(sorted(unknown))}")
-    controller = _section(file_values.get("controller", {}), "controller", _CONTROLLER_KEYS)
-    if overrides.get("controller") is not None:  # --controller HOST:PORT
-        controller = {**controller, "address": overrides["controller"]}
+    """File values, then the flags that were given (by file key; None = not given), read by
+    each parameter's declaration and validated whole. Absent keys keep their defaults."""
+    values = merge(file_values, overrides)
+    check_keys(values, allowed_keys(AgentConfig))
+    fields = read_fields(AgentConfig, values)
+    # Giving the controller's address means following it, unless standalone says otherwise.
+    fields.setdefault("standalone", "controller" not in fields)
+    fields.setdefault("interface", "")
     try:
-        return AgentConfig(
-            interface=_text(values, "interface", ""),
-            link_rate_bps=parse_rate(_text(values, "link_rate")) if "link_rate" in values else None,
-            policy=_choice(PolicyName, values.get("policy", "pack"), "policy"),
-            interval_s=_duration(values, "interval", 3.0),
-            max_slowdown=_number(values, "max_slowdown", 2.0),
-            starvation_window_s=_duration(values, "starvation_window", 120.0),
-            standalone=_flag(values, "standalone", "address" not in controller),
-            **_controller(controller),
-            metrics_address=parse_address(
-                _text(values, "metrics_address", DEFAULT_METRICS_ADDRESS)
-            ),
-            status_socket=Path(_text(values, "status_socket", str(DEFAULT_STATUS_SOCKET))),
-            state_dir=Path(_text(values, "state_dir", str(DEFAULT_STATE_DIR))),
-            on_stop=_choice(OnStop, values.get("on_stop", "restore"), "on_stop"),
-            scan_interval_s=_duration(values, "scan_interval", 0.25),
-            resync_interval_s=_duration(values, "resync_interval", 30.0),
-            health_max_age_s=_duration(values, "health_max_age", 10.0),
-            unmanaged_share=_number(values, "unmanaged_share", 0.05),
-            take_over_foreign_qdisc=_flag(values, "take_over_foreign_qdisc", False),
-            discovery=_discovery(values.get("discovery", {})),
-            **_dscp(values.get("dscp", {})),
-            **_telemetry(values.get("telemetry", {})),
-        )
+        return AgentConfig(**fields)
     except ValueError as exc:
         raise ConfigError(str(exc)) from exc
 
@@ -233,8 +345,12 @@ def _int_set(values: Mapping[str, Any], key: str) -> frozenset[int] | None:
     return frozenset(items)
 
 
+_DISCOVERY_KEYS = {"torch_ps_roles", "torch_ps_ranks", "slurm_ps_procids", "rule"}
+_RULE_KEYS = {"name", "role", "job", "exe", "cmdline_regex", "env"}
+
+
 def _discovery(table: Any) -> DiscoveryRules:
-    table = _section(table, "discovery", _DISCOVERY_KEYS)
+    table = section(table, "discovery", _DISCOVERY_KEYS)
     rules = DiscoveryRules()
     roles = table.get("torch_ps_roles")
     if roles is not None:
@@ -265,47 +381,3 @@ def _discovery(table: Any) -> DiscoveryRules:
             )
         )
     return replace(rules, operator_rules=tuple(operator_rules))
-
-
-def _controller(table: dict[str, Any]) -> dict[str, Any]:
-    tls_keys = {"ca", "cert", "key"} & set(table)
-    if tls_keys and tls_keys != {"ca", "cert", "key"}:
-        raise ConfigError("[controller] needs all of ca, cert and key, or none")
-    values: dict[str, Any] = {
-        "controller": _text(table, "address") if "address" in table else None,
-        "controller_tls": (
-            TlsFiles(*(Path(_text(table, key)) for key in ("ca", "cert", "key")))
-            if tls_keys
-            else None
-        ),
-        "controller_server_name": _text(table, "server_name") if "server_name" in table else None,
-    }
-    if "host" in table:
-        values["host_name"] = _text(table, "host")
-    return values
-
-
-def _dscp(table: Any) -> dict[str, Any]:
-    table = _section(table, "dscp", _DSCP_KEYS)
-    bands = table.get("bands", list(DEFAULT_BAND_DSCP))
-    if not isinstance(bands, list):
-        raise ConfigError("dscp.bands must be a list of DSCP code points")
-    return {
-        "dscp_enabled": _flag(table, "enabled", True),
-        "dscp_bands": validate_band_dscp(bands),
-        "dscp_on_unsupported": _choice(
-            OnUnsupported, table.get("on_unsupported", "error"), "dscp.on_unsupported"
-        ),
-    }
-
-
-def _telemetry(table: Any) -> dict[str, Any]:
-    table = _section(table, "telemetry", _TELEMETRY_KEYS)
-    min_push = table.get("min_push_bytes", 16 * 1024)
-    if isinstance(min_push, bool) or not isinstance(min_push, int):
-        raise ConfigError("telemetry.min_push_bytes must be an integer")
-    return {
-        "telemetry_enabled": _flag(table, "enabled", True),
-        "telemetry_sample_interval_s": _duration(table, "sample_interval", 0.1),
-        "telemetry_min_push_bytes": min_push,
-    }

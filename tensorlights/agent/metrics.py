@@ -14,6 +14,7 @@ from prometheus_client import CollectorRegistry, Counter, Gauge, Histogram
 from prometheus_client.core import CounterMetricFamily
 from prometheus_client.registry import Collector
 
+from tensorlights.agent.reconcile import PassResult
 from tensorlights.policy.tc_plan import FIRST_BAND_MINOR, UNMANAGED_MINOR
 from tensorlights.telemetry.straggler import Iteration
 
@@ -126,6 +127,27 @@ class AgentMetrics:
                 self.spread.labels(iteration.job).observe(iteration.spread)
             self.iteration.labels(iteration.job).observe(iteration.period)
             self.push.labels(iteration.job).observe(iteration.push_seconds)
+
+    def observe_pass(
+        self, previous: PassResult | None, result: PassResult, wall_now: float
+    ) -> None:
+        """A successful pass: its cost, what it found, the bands and who was green since the
+        previous pass."""
+        self.last_success.set(wall_now)
+        self.scan_duration.observe(result.scan_s)
+        self.kernel_ops.inc(result.kernel_ops)
+        self.ps_processes.set(len(result.snapshot.tasks))
+        self.problems.set(len(result.snapshot.problems))
+        green_before, green_for = None, 0.0
+        if previous is not None and previous.plan.green is not None:
+            green_before, green_for = previous.plan.green, result.at - previous.at
+        self.observe_bands(result.plan.bands, green_before, green_for)
+        if result.plan.rotated and result.plan.green is not None:
+            self.rotations.inc()
+        self.forget_jobs_except(set(result.snapshot.jobs()))
+
+    def observe_failure(self, kind: str) -> None:
+        self.errors.labels(kind).inc()
 
     def observe_bands(self, bands: dict[str, int], green: str | None, green_for_s: float) -> None:
         for job in self._jobs_with_series - bands.keys():

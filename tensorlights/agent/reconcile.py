@@ -1,7 +1,7 @@
 """One reconcile pass: discovery -> policy -> desired datapath -> minimal kernel change.
 
 Level-triggered: the desired state is rebuilt from scratch every pass. Between full resyncs a
-pass that changes only bands goes through the datapath's rotation fast path (one batch); a
+pass that changes only bands goes through the dataplane's rotation fast path (one batch); a
 pass that changes nothing touches nothing; every `resync_interval` (and after any error) the
 kernel state is read back and diffed, which repairs out-of-band changes.
 """
@@ -13,14 +13,16 @@ from collections.abc import Callable, Mapping
 from dataclasses import dataclass, field
 
 from tensorlights.agent.config import AgentConfig
-from tensorlights.datapath.dscp import DscpMarker
-from tensorlights.datapath.htb import HtbDatapath, PlannedChange
+from tensorlights.datapath.dataplane import Dataplane
+from tensorlights.datapath.htb import PlannedChange
 from tensorlights.discovery.scanner import Scanner
 from tensorlights.model import DatapathSpec, DiscoverySnapshot, JobShaping
-from tensorlights.policy.bands import BandPlan, BandPolicy, PolicyName
-from tensorlights.policy.dscp_plan import desired_dscp
+from tensorlights.policy.bands import BandPlan, BandPolicy, PackView, PolicyName
 from tensorlights.policy.packing import JobLoad
-from tensorlights.policy.schedule import PlanFollower
+from tensorlights.policy.schedule import HostSchedule, PlanFollower
+
+Loads = Callable[[], Mapping[str, JobLoad]]
+"""What telemetry measures per job now (the `pack` policy's input)."""
 
 
 @dataclass(frozen=True)
@@ -37,6 +39,8 @@ class PassResult:
     duration_s: float
     loads: Mapping[str, JobLoad] = field(default_factory=dict)
     """What telemetry measured per job at this pass (pack's input, the reported demand)."""
+    pack: PackView | None = None
+    """pack's starvation guard after this pass (None under other policies)."""
 
 
 def desired_spec(
@@ -80,36 +84,35 @@ class Reconciler:
         self,
         config: AgentConfig,
         scanner: Scanner,
-        datapath: HtbDatapath,
+        dataplane: Dataplane,
         clock: Callable[[], float] = time.monotonic,
-        marker: DscpMarker | None = None,
+        loads: Loads = dict,
     ) -> None:
         self.config = config
-        self.scanner = scanner
-        self.datapath = datapath
-        self.marker = marker
-        """DSCP marks in nftables, updated in the same pass as the tc bands (None: off)."""
-        self.policy = PlanFollower(local_policy(config))
+        self._scanner = scanner
+        self._dataplane = dataplane
+        self._policy = PlanFollower(local_policy(config))
         """The controller's plan while its lease runs, else the configured local policy."""
         self._clock = clock
+        self._loads = loads
         self._written: DatapathSpec | None = None
         self._next_resync = float("-inf")
         self._fifo_cleared = False
         self._scanned: tuple[float, DiscoverySnapshot] | None = None
-        self.loads: Callable[[], Mapping[str, JobLoad]] = dict
-        """What telemetry measures per job now (the `pack` policy's input)."""
+
+    def offer_plan(self, plan: HostSchedule) -> bool:
+        """A plan from the controller; False if it is older than the one followed (a replay)."""
+        return self._policy.offer(plan)
 
     def reconfigure(self, config: AgentConfig) -> None:
-        """A reloaded config: keeps the arrival order when the policy stays the same."""
+        """A reloaded config: keeps the arrival order when the policy stays the same. Marking
+        is the dataplane's (the app turns it on or off)."""
         if _policy_settings(config) != _policy_settings(self.config):
-            self.policy.local = local_policy(config)
+            self._policy.local = local_policy(config)
         if config.discovery != self.config.discovery:
-            self.scanner.set_rules(config.discovery)
+            self._scanner.set_rules(config.discovery)
         if config.interface != self.config.interface:
-            self.datapath.cleanup(self.config.interface)
-        if self.marker is not None and not config.dscp_enabled:
-            self.marker.cleanup()
-            self.marker = None
+            self._dataplane.cleanup(self.config.interface)
         self.config = config
         self.force_resync()
 
@@ -125,38 +128,26 @@ class Reconciler:
         if self._scanned is not None and now - self._scanned[0] < self.config.scan_interval_s / 2:
             snapshot = self._scanned[1]
         else:
-            snapshot = self.scanner.scan()
+            snapshot = self._scanner.scan()
             self._scanned = (now, snapshot)
         scanned = self._clock()
-        loads = self.loads()
-        plan = self.policy.evaluate(now, shaped_jobs(snapshot), loads)
+        loads = self._loads()
+        plan = self._policy.evaluate(now, shaped_jobs(snapshot), loads)
         spec = desired_spec(self.config, snapshot, plan)
         ops, full = 0, False
         if spec is None:
             if not self._fifo_cleared:
-                self.datapath.cleanup(self.config.interface)  # observe only: no shaping left
-                if self.marker is not None:
-                    self.marker.cleanup()
+                self._dataplane.cleanup(self.config.interface)  # observe only: no shaping left
                 self._fifo_cleared = True
             self._written = None
         else:
             self._fifo_cleared = False
             full = now >= self._next_resync or self._written is None
             if full:
-                applied = self.datapath.apply(spec)
-                ops = len(applied.ops)
-                if self.marker is not None:
-                    layout = desired_dscp(spec, applied.job_table, self.config.dscp_bands)
-                    ops += self.marker.apply(layout)
+                ops = self._dataplane.apply(spec)
                 self._next_resync = now + self.config.resync_interval_s
             elif spec != self._written:
-                # tc first, then the marks, back to back: a job's packets carry the DSCP of
-                # another band than the one they queue in only between these two calls.
-                rotated = self.datapath.rotate(spec)
-                ops = len(rotated.ops)
-                if self.marker is not None:
-                    layout = desired_dscp(spec, rotated.job_table, self.config.dscp_bands)
-                    ops += self.marker.rotate(layout)
+                ops = self._dataplane.rotate(spec)
             self._written = spec
         return PassResult(
             at=now,
@@ -168,19 +159,16 @@ class Reconciler:
             scan_s=scanned - now,
             duration_s=self._clock() - now,
             loads=loads,
+            pack=self._policy.local.pack_view() if self.config.policy is PolicyName.PACK else None,
         )
 
     def dry_run(self) -> tuple[BandPlan, DatapathSpec | None, PlannedChange | None]:
         """What the next pass would program, touching nothing."""
-        snapshot = self.scanner.scan()
-        plan = self.policy.evaluate(self._clock(), shaped_jobs(snapshot), self.loads())
+        snapshot = self._scanner.scan()
+        plan = self._policy.evaluate(self._clock(), shaped_jobs(snapshot), self._loads())
         spec = desired_spec(self.config, snapshot, plan)
-        return plan, spec, (self.datapath.plan(spec) if spec is not None else None)
+        return plan, spec, (self._dataplane.plan(spec) if spec is not None else None)
 
     def stop(self, restore: bool) -> str | None:
-        if not restore:
-            return None
-        outcome = self.datapath.cleanup(self.config.interface)
-        if self.marker is not None and self.marker.cleanup():
-            outcome += "; removed nftables table inet tensorlights"
-        return outcome
+        """Restore the interface (and remove our marks) or leave both for the next start."""
+        return self._dataplane.cleanup(self.config.interface) if restore else None

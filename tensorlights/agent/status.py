@@ -1,94 +1,248 @@
-"""The agent's status over a local Unix socket (mode 0660): `tensorlights-agent status`.
+"""The agent's status as a typed, immutable value: built from a pass record by the agent,
+served as JSON on the status socket (`tensorlights-agent status --json` prints that JSON), and
+read back into the same type by the CLI, the benchmark and the demo.
 
-Protocol: connect, read one JSON document, the server closes. Root and the socket's group
-(set by the directory, e.g. by systemd's RuntimeDirectory) may read it; others get EACCES.
+Times are Unix seconds (the agent converts from its monotonic clock once per pass).
 """
 
 from __future__ import annotations
 
-import contextlib
 import json
-import os
 import socket
-import threading
-from collections.abc import Callable
+from collections.abc import Mapping
+from dataclasses import asdict, dataclass, field
 from pathlib import Path
 from typing import Any
 
-from tensorlights.errors import ConfigError, TransientError
+from tensorlights.errors import TransientError
+from tensorlights.model import LinkStatus, Mode
 
 MAX_STATUS_BYTES = 16 * 1024 * 1024
 
 
-class StatusBoard:
-    """The latest status, published by the loop as a function of immutable state and only
-    rendered when someone asks (the loop runs 4 times a second; `status` rarely)."""
-
-    def __init__(self) -> None:
-        self._lock = threading.Lock()
-        self._render: Callable[[], dict[str, Any]] = lambda: {"state": "starting"}
-
-    def publish(self, render: Callable[[], dict[str, Any]]) -> None:
-        with self._lock:
-            self._render = render
-
-    def document(self) -> dict[str, Any]:
-        with self._lock:
-            render = self._render
-        return render()
-
-    def encoded(self) -> bytes:
-        return json.dumps(self.document(), sort_keys=True).encode()
+@dataclass(frozen=True)
+class ControllerLinkView:
+    address: str
+    state: LinkStatus
+    detail: str = ""
+    session: str = ""
+    controller_incarnation: int = 0
+    plans: int = 0
+    last_plan_generation: int = 0
+    reports: int = 0
+    since: float = 0.0
 
 
-class StatusServer:
-    def __init__(self, path: Path, board: StatusBoard) -> None:
-        self.path = path
-        self._board = board
-        try:
-            path.parent.mkdir(mode=0o750, parents=True, exist_ok=True)
-            if path.is_socket():
-                path.unlink()  # a stale socket from a killed agent
-            self._sock = socket.socket(socket.AF_UNIX, socket.SOCK_STREAM | socket.SOCK_CLOEXEC)
-            old_umask = os.umask(0o117)
-            try:
-                self._sock.bind(str(path))
-            finally:
-                os.umask(old_umask)
-            os.chmod(path, 0o660)
-            self._sock.listen(16)
-        except OSError as exc:
-            raise ConfigError(f"cannot serve status on {path}: {exc.strerror or exc}") from exc
-        self._stopping = False
-        self._thread = threading.Thread(target=self._serve, name="status-socket", daemon=True)
+@dataclass(frozen=True)
+class AppliedRotationView:
+    """A green-light change this agent applied."""
 
-    def start(self) -> None:
-        self._thread.start()
-
-    def _serve(self) -> None:
-        while not self._stopping:
-            try:
-                conn, _ = self._sock.accept()
-            except OSError:
-                return
-            with conn:
-                try:
-                    conn.settimeout(2.0)
-                    conn.sendall(self._board.encoded())
-                except OSError:
-                    pass
-
-    def close(self) -> None:
-        self._stopping = True
-        with contextlib.suppress(OSError):
-            self._sock.shutdown(socket.SHUT_RDWR)
-        self._sock.close()
-        with contextlib.suppress(FileNotFoundError):
-            self.path.unlink()
+    job: str
+    since: float | None
+    """When the job's slot began (the plan's or the policy's time)."""
+    applied: float
+    plan: int
+    """The plan generation it followed (0: the local policy)."""
 
 
-def read_status(path: Path, timeout_s: float = 5.0) -> dict[str, Any]:
-    """The running agent's status document."""
+@dataclass(frozen=True)
+class Light:
+    """Who is green now and who is next (from the last pass)."""
+
+    green: str | None
+    green_since: float | None
+    next: str | None
+    next_at: float | None
+    """None when the light does not move by time (static, pack)."""
+
+
+@dataclass(frozen=True)
+class LastPass:
+    at: float
+    duration_s: float
+    kernel_ops: int
+    full_resync: bool
+
+
+@dataclass(frozen=True)
+class Shaping:
+    """What the last successful pass programmed."""
+
+    last_pass: LastPass
+    bands: Mapping[str, int]
+    dscp: Mapping[str, int]
+    order: tuple[str, ...]
+    mode: Mode
+    plan_generation: int
+    discovery: Mapping[str, Any]
+    """The discovery snapshot as `discover --json` shows it (views.snapshot_view)."""
+    light: Light
+
+
+@dataclass(frozen=True)
+class IterationView:
+    first_done: float
+    last_done: float
+    last_done_monotonic: float
+    spread_s: float
+    period_s: float
+    push_s: float
+    connections: int
+
+
+@dataclass(frozen=True)
+class TelemetryView:
+    iterations: Mapping[str, tuple[IterationView, ...]]
+    error: str | None
+    pack: Mapping[str, Any] | None = None
+    """pack's guard and the loads it judged (policy pack only)."""
+
+
+@dataclass(frozen=True)
+class AgentStatus:
+    version: str
+    interface: str
+    link_rate_bps: int | None
+    policy: str
+    interval_s: float
+    standalone: bool
+    host: str
+    controller: ControllerLinkView | None
+    healthy: bool
+    health: str
+    last_error: str
+    recent_rotations: tuple[AppliedRotationView, ...] = ()
+    shaping: Shaping | None = None
+    """None before the first successful pass."""
+    telemetry: TelemetryView | None = None
+    """None with telemetry off."""
+    extra: Mapping[str, Any] = field(default_factory=dict)
+    """Keys a newer agent sent that this reader does not know (kept for --json)."""
+
+    @property
+    def mode(self) -> Mode | None:
+        return self.shaping.mode if self.shaping is not None else None
+
+    def to_json(self) -> dict[str, Any]:
+        document: dict[str, Any] = {
+            "version": self.version,
+            "interface": self.interface,
+            "link_rate_bps": self.link_rate_bps,
+            "policy": self.policy,
+            "interval_s": self.interval_s,
+            "standalone": self.standalone,
+            "host": self.host,
+            "controller": None if self.controller is None else asdict(self.controller),
+            "healthy": self.healthy,
+            "health": self.health,
+            "last_error": self.last_error,
+            "rotations": {"recent": [asdict(r) for r in self.recent_rotations]},
+        }
+        if self.shaping is not None:
+            shaping = self.shaping
+            document.update(
+                last_pass=asdict(shaping.last_pass),
+                bands=dict(shaping.bands),
+                dscp=dict(shaping.dscp),
+                order=list(shaping.order),
+                mode=shaping.mode.value,
+                plan_generation=shaping.plan_generation,
+                discovery=shaping.discovery,
+            )
+            document["rotations"].update(asdict(shaping.light))
+        if self.telemetry is not None:
+            document["telemetry"] = {
+                job: [asdict(it) for it in iterations]
+                for job, iterations in self.telemetry.iterations.items()
+            }
+            document["telemetry_error"] = self.telemetry.error
+            if self.telemetry.pack is not None:
+                document["pack"] = self.telemetry.pack
+        return {**self.extra, **document}
+
+    @classmethod
+    def from_json(cls, document: Mapping[str, Any]) -> AgentStatus:
+        rotations = document.get("rotations", {})
+        link = document.get("controller")
+        shaping = None
+        if "last_pass" in document:
+            shaping = Shaping(
+                last_pass=LastPass(**document["last_pass"]),
+                bands=document["bands"],
+                dscp=document["dscp"],
+                order=tuple(document["order"]),
+                mode=Mode(document["mode"]),
+                plan_generation=document["plan_generation"],
+                discovery=document["discovery"],
+                light=Light(
+                    rotations.get("green"),
+                    rotations.get("green_since"),
+                    rotations.get("next"),
+                    rotations.get("next_at"),
+                ),
+            )
+        telemetry = None
+        if "telemetry" in document:
+            telemetry = TelemetryView(
+                iterations={
+                    job: tuple(IterationView(**it) for it in items)
+                    for job, items in document["telemetry"].items()
+                },
+                error=document.get("telemetry_error"),
+                pack=document.get("pack"),
+            )
+        known = _KNOWN_KEYS
+        return cls(
+            version=document["version"],
+            interface=document["interface"],
+            link_rate_bps=document["link_rate_bps"],
+            policy=document["policy"],
+            interval_s=document["interval_s"],
+            standalone=document["standalone"],
+            host=document["host"],
+            controller=None
+            if link is None
+            else ControllerLinkView(**{**link, "state": LinkStatus(link["state"])}),
+            healthy=document["healthy"],
+            health=document["health"],
+            last_error=document["last_error"],
+            recent_rotations=tuple(AppliedRotationView(**r) for r in rotations.get("recent", [])),
+            shaping=shaping,
+            telemetry=telemetry,
+            extra={k: v for k, v in document.items() if k not in known},
+        )
+
+
+_KNOWN_KEYS = frozenset(
+    {
+        "version",
+        "interface",
+        "link_rate_bps",
+        "policy",
+        "interval_s",
+        "standalone",
+        "host",
+        "controller",
+        "healthy",
+        "health",
+        "last_error",
+        "rotations",
+        "last_pass",
+        "bands",
+        "dscp",
+        "order",
+        "mode",
+        "plan_generation",
+        "discovery",
+        "telemetry",
+        "telemetry_error",
+        "pack",
+    }
+)
+
+
+def read_status_document(path: Path, timeout_s: float = 5.0) -> dict[str, Any]:
+    """The running agent's status as it sent it (JSON): `status --json`."""
     with socket.socket(socket.AF_UNIX, socket.SOCK_STREAM) as sock:
         sock.settimeout(timeout_s)
         try:
@@ -108,3 +262,11 @@ def read_status(path: Path, timeout_s: float = 5.0) -> dict[str, Any]:
                 raise TransientError("the agent's status is larger than 16 MiB")
     document: dict[str, Any] = json.loads(b"".join(chunks))
     return document
+
+
+def read_status(path: Path, timeout_s: float = 5.0) -> AgentStatus | None:
+    """The running agent's status; None while it is starting (before its first pass)."""
+    document = read_status_document(path, timeout_s)
+    if document.get("state") == "starting":
+        return None
+    return AgentStatus.from_json(document)

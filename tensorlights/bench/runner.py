@@ -157,7 +157,8 @@ class AgentOnHost:
                     f"the agent exited with {self.proc.returncode}; see {self.workdir}/agent.log"
                 )
             try:
-                if read_status(sock, timeout_s=2).get("healthy"):
+                status = read_status(sock, timeout_s=2)
+                if status is not None and status.healthy:
                     return
             except (TransientError, OSError, json.JSONDecodeError):
                 pass

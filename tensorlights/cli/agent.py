@@ -18,20 +18,26 @@ from tensorlights import __version__
 from tensorlights.agent.app import AgentApp, load_config_function
 from tensorlights.agent.config import (
     DEFAULT_CONFIG,
-    DEFAULT_METRICS_ADDRESS,
     DEFAULT_STATE_DIR,
     DEFAULT_STATUS_SOCKET,
     AgentConfig,
-    OnStop,
     discovery_rules,
     with_link_rate,
 )
-from tensorlights.cli.common import echo_json, log_level_option, reports_errors, setup_logging
+from tensorlights.cli.common import (
+    echo_json,
+    log_level_option,
+    overrides,
+    param_options,
+    reports_errors,
+    setup_logging,
+)
 from tensorlights.configfile import read_config_file
 from tensorlights.daemon.sdnotify import Notifier
 from tensorlights.datapath import BACKENDS, open_datapath
+from tensorlights.datapath.dataplane import Dataplane, remove_everything
 from tensorlights.datapath.tc_messages import format_handle, handle
-from tensorlights.policy.bands import PolicyName
+from tensorlights.model import Mode
 from tensorlights.policy.tc_plan import FIRST_BAND_MINOR, UNMANAGED_MINOR
 
 interface_option = click.option(
@@ -129,71 +135,27 @@ def cleanup(interface: str, netns: str | None, state_dir: Path) -> None:
     Only our qdisc (handle 7a1:) and our nftables table (inet tensorlights) are touched; an
     interface we do not manage is left as it is.
     """
-    datapath = open_datapath("htb", state_dir, netns=netns)
-    click.echo(datapath.cleanup(interface))
-    from tensorlights.datapath.dscp import DscpMarker
-    from tensorlights.datapath.nft import Nft
-
-    marker = DscpMarker(Nft(netns))
-    if marker.cleanup():
-        click.echo("removed nftables table inet tensorlights (DSCP marks)")
+    for done in remove_everything(open_datapath("htb", state_dir, netns=netns), interface, netns):
+        click.echo(done)
 
 
 def _config_options(func: Any) -> Any:
-    """Flags shared by `run` and `plan`; each overrides the config file's value."""
-    options = [
-        click.option(
-            "--config",
-            "config_path",
-            type=click.Path(path_type=Path),
-            default=None,
-            help=f"TOML config file [default: {DEFAULT_CONFIG}, used if present].",
-        ),
-        click.option("--interface", metavar="DEV", help="Interface whose egress is shaped."),
-        click.option(
-            "--link-rate",
-            metavar="RATE",
-            help="Link capacity, e.g. 200mbit, 10gbit [default: the link's speed from the kernel].",
-        ),
-        click.option(
-            "--policy",
-            type=click.Choice([p.value for p in PolicyName]),
-            help="fifo: observe only; static: fixed order (TL-One); rotate: the green light "
-            "moves every interval (TL-RR); pack: order by measured demand with a starvation "
-            "bound (max_slowdown, starvation_window in the config) [default: pack].",
-        ),
-        click.option("--interval", metavar="DURATION", help="Rotation slot, e.g. 3s, 500ms."),
-        click.option(
-            "--standalone",
-            is_flag=True,
-            default=None,
-            help="Decide on this host alone, with no controller (the only mode of this release).",
-        ),
-        click.option(
-            "--metrics-address",
-            metavar="HOST:PORT",
-            help=f"Where /metrics and /healthz are served [default: {DEFAULT_METRICS_ADDRESS}].",
-        ),
-        click.option("--status-socket", metavar="PATH", help=f"[default: {DEFAULT_STATUS_SOCKET}]"),
-        click.option(
-            "--state-dir", "state_dir", metavar="DIR", help=f"[default: {DEFAULT_STATE_DIR}]"
-        ),
-        click.option(
-            "--on-stop",
-            type=click.Choice([o.value for o in OnStop]),
-            help="On SIGTERM: restore the previous qdisc, or leave ours for the next start.",
-        ),
-    ]
-    for option in reversed(options):
-        func = option(func)
-    return func
+    """Flags shared by `run` and `plan`: --config, and every parameter that declares a flag
+    (each overrides the config file's value)."""
+    func = param_options(AgentConfig)(func)
+    return click.option(
+        "--config",
+        "config_path",
+        type=click.Path(path_type=Path),
+        default=None,
+        help=f"TOML config file [default: {DEFAULT_CONFIG}, used if present].",
+    )(func)
 
 
 def _loader(config_path: Path | None, flags: dict[str, Any]) -> Callable[[], AgentConfig]:
     path = config_path or DEFAULT_CONFIG
-    overrides = {key.replace("-", "_"): value for key, value in flags.items()}
     return load_config_function(
-        lambda: read_config_file(path, required=config_path is not None), overrides
+        lambda: read_config_file(path, required=config_path is not None), overrides(flags)
     )
 
 
@@ -226,9 +188,9 @@ def plan(config_path: Path | None, dry_run: bool, as_json: bool, **flags: Any) -
     from tensorlights.discovery.scanner import Scanner
 
     config = with_link_rate(_loader(config_path, flags)())
-    datapath = open_datapath("htb", config.state_dir)
+    dataplane = Dataplane(open_datapath("htb", config.state_dir))  # marks: not written here
     with Scanner(config.discovery) as scanner:
-        band_plan, spec, change = Reconciler(config, scanner, datapath).dry_run()
+        band_plan, spec, change = Reconciler(config, scanner, dataplane).dry_run()
     jobs = [
         {
             "job": job.job,
@@ -276,46 +238,53 @@ def plan(config_path: Path | None, dry_run: bool, as_json: bool, **flags: Any) -
 @reports_errors
 def status(socket_path: Path, as_json: bool) -> None:
     """The running agent's state: health, jobs and bands, who is green and who is next."""
-    from tensorlights.agent.status import read_status
+    from tensorlights.agent.status import AgentStatus, read_status_document
 
-    document = read_status(socket_path)
+    document = read_status_document(socket_path)
     if as_json:
         echo_json(document)
         return
     console = Console()
-    rotations = document.get("rotations", {})
+    if document.get("state") == "starting":
+        console.print("the agent is starting (no pass yet)")
+        return
+    status = AgentStatus.from_json(document)
     console.print(
-        f"{document['interface']}: policy {document['policy']} every {document['interval_s']}s, "
-        f"{'healthy' if document['healthy'] else '[red]UNHEALTHY[/red]'} ({document['health']})"
+        f"{status.interface}: policy {status.policy} every {status.interval_s}s, "
+        f"{'healthy' if status.healthy else '[red]UNHEALTHY[/red]'} ({status.health})"
     )
-    link = document.get("controller")
-    if link:
+    shaping = status.shaping
+    if status.controller is not None:
         following = (
-            f"following plan generation {document.get('plan_generation')}"
-            if document.get("mode") == "plan"
-            else f"own policy ({document['policy']})"
+            f"following plan generation {shaping.plan_generation}"
+            if shaping is not None and shaping.mode is Mode.PLAN
+            else f"own policy ({status.policy})"
         )
-        detail = f" ({link['detail']})" if link.get("detail") else ""
-        console.print(f"controller {link['address']}: {link['state']}{detail}; {following}")
-    if rotations.get("green"):
+        link = status.controller
+        detail = f" ({link.detail})" if link.detail else ""
+        console.print(f"controller {link.address}: {link.state}{detail}; {following}")
+    if shaping is not None and shaping.light.green:
+        light = shaping.light
         console.print(
-            f"green: {rotations['green']} since {_clock_text(rotations.get('green_since'))}; "
-            f"next: {rotations.get('next') or '-'} at {_clock_text(rotations.get('next_at'))}"
+            f"green: {light.green} since {_clock_text(light.green_since)}; "
+            f"next: {light.next or '-'} at {_clock_text(light.next_at)}"
         )
     table = Table(title="jobs (band 0 = green)")
     columns = ("band", "job", "PS pids", "ports", "spread p50 ms", "iteration p50 s")
     for column in columns:
         table.add_column(column, overflow="fold")
-    tasks = document.get("discovery", {}).get("tasks", [])
-    ports = document.get("discovery", {}).get("job_ports", {})
-    telemetry = document.get("telemetry") or {}
-    for job in document.get("order", []):
+    discovery = shaping.discovery if shaping is not None else {}
+    tasks = discovery.get("tasks", [])
+    ports = discovery.get("job_ports", {})
+    iterations = status.telemetry.iterations if status.telemetry is not None else {}
+    bands = shaping.bands if shaping is not None else {}
+    for job in shaping.order if shaping is not None else ():
         pids = sorted(t["pid"] for t in tasks if t["job"] == job)
-        iterations = telemetry.get(job, [])
-        spread = _median([it["spread_s"] * 1e3 for it in iterations], "{:.0f}")
-        period = _median([it["period_s"] for it in iterations], "{:.2f}")
+        measured = iterations.get(job, ())
+        spread = _median([it.spread_s * 1e3 for it in measured], "{:.0f}")
+        period = _median([it.period_s for it in measured], "{:.2f}")
         table.add_row(
-            str(document["bands"].get(job, "-")),
+            str(bands.get(job, "-")),
             job,
             " ".join(map(str, pids)),
             " ".join(map(str, ports.get(job, []))),
@@ -323,8 +292,8 @@ def status(socket_path: Path, as_json: bool) -> None:
             period,
         )
     console.print(table)
-    if document.get("last_error"):
-        console.print(f"[red]last error:[/red] {document['last_error']}")
+    if status.last_error:
+        console.print(f"[red]last error:[/red] {status.last_error}")
 
 
 def _median(values: list[float], fmt: str) -> str:

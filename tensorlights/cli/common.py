@@ -11,6 +11,7 @@ from typing import Any, TypeVar
 
 import click
 
+from tensorlights.configspec import help_text, params
 from tensorlights.errors import ConfigError, TensorLightsError
 
 F = TypeVar("F", bound=Callable[..., Any])
@@ -54,3 +55,41 @@ def setup_logging(level: str) -> None:
     logging.basicConfig(
         level=level.upper(), format="%(levelname)s %(name)s: %(message)s", stream=sys.stderr
     )
+
+
+def param_options(config_class: type) -> Callable[[F], F]:
+    """A click option for every parameter of `config_class` that declares a flag (its help,
+    choices and default from the declaration). They arrive as keyword arguments named by the
+    file key ("." as "__"); `overrides` turns them back into file keys."""
+
+    def decorate(func: F) -> F:
+        for item, declared in reversed(list(params(config_class))):
+            for key, flag in reversed(list(zip(declared.keys, declared.key_flags, strict=False))):
+                func = click.option(
+                    flag,
+                    key.replace(".", "__"),
+                    metavar="PATH",
+                    default=None,
+                    help=f"{declared.help} ({key} in the file)",
+                )(func)
+            if declared.flag is None:
+                continue
+            func = click.option(
+                declared.flag,
+                declared.key.replace(".", "__"),
+                metavar=declared.metavar,
+                # By value: click shows an Enum member's name, and the file takes values.
+                type=click.Choice([getattr(c, "value", c) for c in declared.choices])
+                if declared.choices
+                else None,
+                default=None,
+                help=help_text(item, declared),
+            )(func)
+        return func
+
+    return decorate
+
+
+def overrides(flags: dict[str, Any]) -> dict[str, Any]:
+    """param_options' keyword arguments by file key (None: not given)."""
+    return {name.replace("__", "."): value for name, value in flags.items()}

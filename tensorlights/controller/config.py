@@ -1,139 +1,196 @@
 """The controller's configuration: a TOML file (systemd/controller.toml is a commented
-example), overridden by flags, validated whole before anything starts."""
+example), overridden by flags, validated whole before anything starts. Each parameter is
+declared once, on its field (configspec)."""
 
 from __future__ import annotations
 
-import math
 from collections.abc import Mapping
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
-from tensorlights.configfile import duration, flag, parse_address, section, text
+from tensorlights.configfile import choice, parse_address, text
+from tensorlights.configfile import flag as read_flag
+from tensorlights.configspec import (
+    allowed_keys,
+    check_keys,
+    check_ranges,
+    duration_param,
+    merge,
+    param,
+    read_fields,
+)
+from tensorlights.controller.planner import ClusterPolicy
 from tensorlights.errors import ConfigError
 from tensorlights.tls_files import TlsFiles
 
 DEFAULT_CONFIG = Path("/etc/tensorlights/controller.toml")
-DEFAULT_LISTEN = "0.0.0.0:9740"
 DEFAULT_SOCKET = Path("/run/tensorlights-controller/tlctl.sock")
-DEFAULT_METRICS = "127.0.0.1:9741"
-DEFAULT_STATE_DIR = Path("/var/lib/tensorlights-controller")
+
+
+def _address(value: Any, key: str) -> tuple[str, int]:
+    return parse_address(text(value, key))
+
+
+def _path(value: Any, key: str) -> Path:
+    return Path(text(value, key))
+
+
+def _socket(value: Any, key: str) -> Path | None:
+    path = text(value, key)
+    return Path(path) if path else None
+
+
+def _policy(value: Any, key: str) -> ClusterPolicy:
+    return choice(ClusterPolicy, value, key)
+
+
+def _tls(found: dict[str, Any], table: str) -> TlsFiles:
+    missing = {"ca", "cert", "key"} - set(found)
+    if missing:
+        raise ConfigError(
+            f"[{table}] needs {', '.join(sorted(missing))}: agents and the controller always use "
+            "mutual TLS (scripts/dev_ca.py makes a development CA)"
+        )
+    return TlsFiles(*(Path(text(found[key], f"{table}.{key}")) for key in ("ca", "cert", "key")))
+
+
+def _command(value: Any, key: str) -> tuple[str, ...]:
+    if not isinstance(value, list) or not value or not all(isinstance(c, str) for c in value):
+        raise ConfigError(f"{key} must be a non-empty list of strings")
+    return tuple(value)
+
+
+def _show_address(address: tuple[str, int]) -> str:
+    return f"{address[0]}:{address[1]}"
 
 
 @dataclass(frozen=True)
 class ControllerConfig:
-    tls: TlsFiles
-    listen: tuple[str, int] = parse_address(DEFAULT_LISTEN)
-    socket: Path | None = DEFAULT_SOCKET
+    tls: TlsFiles = param(
+        ("tls.ca", "tls.cert", "tls.key"),
+        _tls,
+        "The CA that signs agents' certificates, the controller's certificate and its key.",
+        key_flags=("--tls-ca", "--tls-cert", "--tls-key"),
+    )
+    listen: tuple[str, int] = param(
+        "listen",
+        _address,
+        "Agents' (and tlctl --controller's) mutual-TLS port.",
+        default=("0.0.0.0", 9740),
+        flag="--listen",
+        metavar="HOST:PORT",
+        show=_show_address,
+    )
+    socket: Path | None = param(
+        "socket",
+        _socket,
+        'tlctl\'s Unix socket ("" to disable).',
+        default=DEFAULT_SOCKET,
+        flag="--socket",
+        metavar="PATH",
+    )
     """The operator API for tlctl (None: TLS only)."""
-    socket_group: str | None = None
-    """Group that may use the socket (mode 0660); None: root only."""
-    metrics_address: tuple[str, int] = parse_address(DEFAULT_METRICS)
-    state_dir: Path = DEFAULT_STATE_DIR
-    slot_s: float = 3.0
-    lease_s: float = 15.0
-    policy: str = "pack"
-    """rotate: the coordinated cycle of slots; pack: one cluster-wide order by demand."""
-    report_interval_s: float = 1.0
-    host_timeout_s: float = 30.0
-    slurm: bool = False
-    slurm_command: tuple[str, ...] = ("squeue", "--json")
-    slurm_interval_s: float = 5.0
-    jobs_file: Path | None = None
-    kubernetes_url: str | None = None
-    kubernetes_namespace: str = ""
-    kubernetes_token_file: Path | None = None
-    kubernetes_ca_file: Path | None = None
-    kubernetes_interval_s: float = 5.0
+    socket_group: str | None = param(
+        "socket_group",
+        text,
+        "Group that may use the socket (mode 0660); none: the owner only (0600).",
+        default=None,
+    )
+    metrics_address: tuple[str, int] = param(
+        "metrics_address",
+        _address,
+        "Where /metrics and /healthz are served.",
+        default=("127.0.0.1", 9741),
+        flag="--metrics-address",
+        metavar="HOST:PORT",
+        show=_show_address,
+    )
+    state_dir: Path = param(
+        "state_dir",
+        _path,
+        "Where the incarnation number is kept across restarts.",
+        default=Path("/var/lib/tensorlights-controller"),
+        flag="--state-dir",
+        metavar="DIR",
+    )
+    slot_s: float = duration_param("slot", "Rotation slot length (rotate).", 3.0, "--slot")
+    lease_s: float = duration_param("lease", "How long a plan holds unrenewed.", 15.0, "--lease")
+    policy: ClusterPolicy = param(
+        "policy",
+        _policy,
+        "rotate: a coordinated cycle of green slots; pack: one cluster-wide order by the "
+        "demand agents measure.",
+        default=ClusterPolicy.PACK,
+        flag="--policy",
+        choices=tuple(ClusterPolicy),
+    )
+    report_interval_s: float = duration_param("report_interval", "How often agents report.", 1.0)
+    host_timeout_s: float = duration_param(
+        "host_timeout", "A disconnected host's jobs are forgotten after this.", 30.0
+    )
+    slurm: bool = param(
+        "sources.slurm.enabled",
+        read_flag,
+        "Poll Slurm (squeue --json).",
+        default=False,
+        flag="--slurm/--no-slurm",
+    )
+    slurm_command: tuple[str, ...] = param(
+        "sources.slurm.command",
+        _command,
+        "The command that lists Slurm's jobs as JSON.",
+        default=("squeue", "--json"),
+    )
+    slurm_interval_s: float = duration_param(
+        "sources.slurm.interval", "How often Slurm is polled.", 5.0
+    )
+    jobs_file: Path | None = param(
+        "sources.static.file",
+        _path,
+        "Static jobs file (TOML): jobs no agent can identify by itself.",
+        default=None,
+        flag="--jobs-file",
+        metavar="PATH",
+    )
+    kubernetes_url: str | None = param(
+        "sources.kubernetes.url",
+        text,
+        "Kubernetes API server to poll for Kubeflow pods.",
+        default=None,
+        flag="--kubernetes-url",
+        metavar="URL",
+    )
+    kubernetes_namespace: str = param(
+        "sources.kubernetes.namespace", text, 'Namespace to watch ("" = all).', default=""
+    )
+    kubernetes_token_file: Path | None = param(
+        "sources.kubernetes.token_file", _path, "Service-account token file.", default=None
+    )
+    kubernetes_ca_file: Path | None = param(
+        "sources.kubernetes.ca_file", _path, "CA of the API server.", default=None
+    )
+    kubernetes_interval_s: float = duration_param(
+        "sources.kubernetes.interval", "How often Kubernetes is polled.", 5.0
+    )
 
     def __post_init__(self) -> None:
-        for name in (
-            "slot_s",
-            "lease_s",
-            "report_interval_s",
-            "host_timeout_s",
-            "slurm_interval_s",
-            "kubernetes_interval_s",
-        ):
-            value = getattr(self, name)
-            if not (math.isfinite(value) and value > 0):
-                raise ConfigError(f"{name.removesuffix('_s')} must be a positive duration")
-        if self.policy not in POLICIES:
-            raise ConfigError(f"policy must be one of {', '.join(POLICIES)}, got {self.policy!r}")
+        check_ranges(self)
+        self.tls.read("tls")  # unreadable files: refuse to start
         if self.slot_s < 0.1:
             raise ConfigError("slot must be at least 100ms (agents switch within a few ms)")
         if self.lease_s < 3 * self.report_interval_s:
             raise ConfigError("lease must be at least three report intervals")
 
 
-POLICIES = ("rotate", "pack")
-
-_KEYS = {
-    "policy",
-    "listen",
-    "socket",
-    "socket_group",
-    "metrics_address",
-    "state_dir",
-    "slot",
-    "lease",
-    "report_interval",
-    "host_timeout",
-    "tls",
-    "sources",
-}
-_TLS_KEYS = {"ca", "cert", "key"}
-_SOURCE_KEYS = {"slurm", "static", "kubernetes"}
-
-
 def build_config(file_values: Mapping[str, Any], overrides: Mapping[str, Any]) -> ControllerConfig:
-    values = {**file_values, **{k: v for k, v in overrides.items() if v is not None}}
-    unknown = set(values) - _KEYS
-    if unknown:
-        raise ConfigError(f"unknown config keys: {', '.join(sorted(unknown))}")
-    tls_table = section(values.get("tls", {}), "tls", _TLS_KEYS)
-    missing = _TLS_KEYS - set(tls_table)
-    if missing:
-        raise ConfigError(
-            f"[tls] needs {', '.join(sorted(missing))}: agents and the controller always use "
-            "mutual TLS (scripts/dev_ca.py makes a development CA)"
-        )
-    tls = TlsFiles(*(Path(text(tls_table, key)) for key in ("ca", "cert", "key")))
-    tls.read("tls")  # unreadable files: refuse to start
-    sources = section(values.get("sources", {}), "sources", _SOURCE_KEYS)
-    slurm = section(sources.get("slurm", {}), "sources.slurm", {"enabled", "command", "interval"})
-    static = section(sources.get("static", {}), "sources.static", {"file"})
-    kube = section(
-        sources.get("kubernetes", {}),
-        "sources.kubernetes",
-        {"url", "namespace", "token_file", "ca_file", "interval"},
-    )
-    command = slurm.get("command", ["squeue", "--json"])
-    if not isinstance(command, list) or not command or not all(isinstance(c, str) for c in command):
-        raise ConfigError("sources.slurm.command must be a non-empty list of strings")
-    socket_value = text(values, "socket", str(DEFAULT_SOCKET))
+    """File values, then the flags that were given (by file key; None = not given)."""
+    values = merge(file_values, overrides)
+    check_keys(values, allowed_keys(ControllerConfig))
+    fields = read_fields(ControllerConfig, values)
+    if "tls" not in fields:
+        fields["tls"] = _tls({}, "tls")  # says what is missing
     try:
-        return ControllerConfig(
-            tls=tls,
-            listen=parse_address(text(values, "listen", DEFAULT_LISTEN)),
-            socket=Path(socket_value) if socket_value else None,
-            socket_group=text(values, "socket_group") if "socket_group" in values else None,
-            metrics_address=parse_address(text(values, "metrics_address", DEFAULT_METRICS)),
-            state_dir=Path(text(values, "state_dir", str(DEFAULT_STATE_DIR))),
-            slot_s=duration(values, "slot", 3.0),
-            lease_s=duration(values, "lease", 15.0),
-            policy=text(values, "policy", "pack"),
-            report_interval_s=duration(values, "report_interval", 1.0),
-            host_timeout_s=duration(values, "host_timeout", 30.0),
-            slurm=flag(slurm, "enabled", False),
-            slurm_command=tuple(command),
-            slurm_interval_s=duration(slurm, "interval", 5.0),
-            jobs_file=Path(text(static, "file")) if "file" in static else None,
-            kubernetes_url=text(kube, "url") if "url" in kube else None,
-            kubernetes_namespace=text(kube, "namespace", ""),
-            kubernetes_token_file=Path(text(kube, "token_file")) if "token_file" in kube else None,
-            kubernetes_ca_file=Path(text(kube, "ca_file")) if "ca_file" in kube else None,
-            kubernetes_interval_s=duration(kube, "interval", 5.0),
-        )
+        return ControllerConfig(**fields)
     except ValueError as exc:
         raise ConfigError(str(exc)) from exc

@@ -11,12 +11,23 @@ from __future__ import annotations
 import math
 from collections.abc import Mapping, Sequence
 from dataclasses import dataclass
+from enum import StrEnum
 
 from tensorlights.model import PlanSlots
 from tensorlights.policy.packing import pack_order
 from tensorlights.policy.schedule import HostSchedule, Schedule, build_schedule, host_orders
 
 EPOCH = 0.0
+
+
+class ClusterPolicy(StrEnum):
+    """How the controller plans the cluster (the agents' own policies are PolicyName)."""
+
+    ROTATE = "rotate"
+    """A coordinated cycle of green slots (build_schedule)."""
+    PACK = "pack"
+    """Every host gets one slot, its jobs in one cluster-wide order by reported demand
+    (policy/packing.py), so any two jobs have the same relative priority on every host."""
 
 
 @dataclass(frozen=True)
@@ -32,12 +43,13 @@ class HostRotationView:
 
 class Planner:
     def __init__(
-        self, slot_s: float, lease_s: float, incarnation: int, policy: str = "rotate"
+        self,
+        slot_s: float,
+        lease_s: float,
+        incarnation: int,
+        policy: ClusterPolicy = ClusterPolicy.ROTATE,
     ) -> None:
-        self.policy = policy
-        """rotate: a cycle of slots (build_schedule); pack: every host gets one slot, its
-        jobs in one cluster-wide order by reported demand (policy/packing.py), so any two
-        jobs have the same relative priority on every host they share."""
+        self.policy = ClusterPolicy(policy)
         self.slot_s = slot_s
         self.lease_s = lease_s
         self.incarnation = incarnation
@@ -59,7 +71,7 @@ class Planner:
         """Recompute for a new membership (and, under pack, the jobs' demands and arrival
         order); the hosts whose plan changed."""
         ranking: tuple[str, ...] = ()
-        if self.policy == "pack":
+        if self.policy is ClusterPolicy.PACK:
             known = [job for job in arrival if job in membership]
             known += sorted(set(membership) - set(known))
             ranking = tuple(pack_order(known, demands or {}, {}, end_times))
@@ -76,7 +88,7 @@ class Planner:
             for host in job_hosts:
                 if host in jobs_of:
                     jobs_of[host].append(job)
-        if self.policy == "pack":
+        if self.policy is ClusterPolicy.PACK:
             self.schedule, orders = _ranked_plan(ranking, membership, jobs_of)
         else:
             self.schedule = build_schedule(membership)

@@ -20,7 +20,7 @@ from collections import deque
 from collections.abc import Iterable, Mapping
 from dataclasses import dataclass, field
 
-from tensorlights.model import AppliedRotation, HostReport, Registration, ReportedJob
+from tensorlights.model import AppliedRotation, HostReport, Mode, Registration, ReportedJob
 
 SOURCES = ("agent", "slurm", "static", "kubernetes")
 HISTORY = 20
@@ -59,7 +59,7 @@ class HostRecord:
     disconnected_at: float | None = None
     last_report_at: float | None = None
     jobs: dict[str, ReportedJob] = field(default_factory=dict)
-    mode: str = "local"
+    mode: Mode = Mode.LOCAL
     health: str = ""
     recent: deque[AppliedRotation] = field(default_factory=lambda: deque(maxlen=HISTORY))
 

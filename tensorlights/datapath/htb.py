@@ -7,7 +7,6 @@ sends only class changes; the next `apply` would repair anything that drifted me
 
 from __future__ import annotations
 
-import errno
 import struct
 import time
 from dataclasses import dataclass
@@ -256,10 +255,11 @@ class HtbDatapath:
         self._written = None
         try:
             self.sock.execute([self._encode(ifindex, op) for op in ops])
-        except NetlinkRequestError as exc:
-            if exc.errno in (errno.ENOENT, errno.ENODEV, errno.EINVAL):
-                return self.apply(spec)  # the kernel's state drifted from ours: reconcile
-            raise
+        except NetlinkRequestError:
+            # The fast path trusts what we last wrote; a refusal means the kernel's state
+            # drifted from it (a class deleted by hand, the link recreated). The full apply
+            # reads the kernel back, and raises what the kernel really refuses.
+            return self.apply(spec)
         self._written = (ifindex, new_layout)
         return ApplyResult(tuple(ops), None, dict(new_layout.job_table))
 

@@ -75,6 +75,18 @@ def fold_bands(jobs_in_order: int, bands: int) -> list[int]:
     return folded
 
 
+@dataclass(frozen=True)
+class PackView:
+    """pack's starvation guard as status shows it."""
+
+    max_slowdown: float
+    window_s: float
+    bound_aimed_for: float
+    """The slowdown the guard aims for: max_slowdown, or more where no order can keep it."""
+    promoted_lag_s: Mapping[str, float]
+    """Jobs promoted for the bound, with their lag (seconds)."""
+
+
 @dataclass
 class BandPolicy:
     """One host's policy state: the arrival order and where the green light is."""
@@ -172,23 +184,14 @@ class BandPolicy:
         """Jobs `pack` promoted for the starvation bound, with their lag (seconds)."""
         return dict(self._guard.promoted)
 
-    def pack_view(self, loads: Mapping[str, JobLoad]) -> dict[str, object]:
-        """The starvation guard's state and the loads it judged, for status."""
-        return {
-            "max_slowdown": self.max_slowdown,
-            "window_s": self.starvation_window_s,
-            "bound_aimed_for": self._guard.effective_bound,
-            "promoted_lag_s": self.promoted,
-            "loads": {
-                job: {
-                    "demand": load.demand,
-                    "link_s": load.link_s,
-                    "compute_s": load.compute_s,
-                    "iterations": load.iterations,
-                }
-                for job, load in loads.items()
-            },
-        }
+    def pack_view(self) -> PackView:
+        """The starvation guard's state, for status."""
+        return PackView(
+            max_slowdown=self.max_slowdown,
+            window_s=self.starvation_window_s,
+            bound_aimed_for=self._guard.effective_bound,
+            promoted_lag_s=self.promoted,
+        )
 
     def _track(self, jobs: set[str] | frozenset[str]) -> None:
         """Keep the arrival order; when the green job left, its successor inherits the light."""

@@ -13,12 +13,20 @@ import logging
 import threading
 import time
 from collections.abc import Callable
-from dataclasses import dataclass, field
+from dataclasses import dataclass, field, replace
 from typing import Any
 
 import grpc
 
-from tensorlights.model import AppliedRotation, HostReport, PlanSlots, Registration, ReportedJob
+from tensorlights.model import (
+    AppliedRotation,
+    HostReport,
+    LinkStatus,
+    Mode,
+    PlanSlots,
+    Registration,
+    ReportedJob,
+)
 from tensorlights.rpc import convert
 from tensorlights.rpc.convert import InvalidMessage
 from tensorlights.rpc.tls import channel_credentials, channel_options, diagnose
@@ -34,10 +42,11 @@ BACKOFF_MAX_S = 10.0
 MAX_PENDING_ROTATIONS = 256
 
 
-@dataclass
+@dataclass(frozen=True)
 class LinkState:
-    state: str = "connecting"
-    """connecting, connected, unreachable, unauthenticated, refused."""
+    """The link as status shows it; replaced whole, never changed in place."""
+
+    state: LinkStatus = LinkStatus.CONNECTING
     detail: str = ""
     session: str = ""
     controller_incarnation: int = 0
@@ -66,7 +75,7 @@ class ControllerLink:
         self._credentials = channel_credentials(tls)
         self._lock = threading.Lock()
         self._jobs: tuple[ReportedJob, ...] = ()
-        self._mode = "local"
+        self._mode = Mode.LOCAL
         self._health = ""
         self._rotations: list[AppliedRotation] = []
         self._stop = threading.Event()
@@ -84,7 +93,7 @@ class ControllerLink:
         self._report_now.set()
         self._thread.join(timeout=RPC_TIMEOUT_S + 1)
 
-    def update(self, jobs: tuple[ReportedJob, ...], mode: str, health: str) -> None:
+    def update(self, jobs: tuple[ReportedJob, ...], mode: Mode, health: str) -> None:
         """What the next report says; a change of jobs is reported at once."""
         with self._lock:
             changed = {j.job: j.ports for j in jobs} != {j.job: j.ports for j in self._jobs}
@@ -100,13 +109,19 @@ class ControllerLink:
 
     # The link thread ----------------------------------------------------------------------
 
-    def _set_state(self, state: str, detail: str = "", **values: Any) -> None:
-        changed = state != self.state.state or detail != self.state.detail
-        for key, value in values.items():
-            setattr(self.state, key, value)
+    def _count(self, **changes: Any) -> None:
+        """Counters and session facts that do not change the link's state."""
+        with self._lock:
+            self.state = replace(self.state, **changes)
+
+    def _set_state(self, state: LinkStatus, detail: str = "", **values: Any) -> None:
+        with self._lock:
+            changed = state != self.state.state or detail != self.state.detail
+            if changed:
+                values.update(state=state, detail=detail, since=time.time())
+            self.state = replace(self.state, **values)
         if changed:
-            self.state.state, self.state.detail, self.state.since = state, detail, time.time()
-            if state == "connected":
+            if state is LinkStatus.CONNECTED:
                 log.info("connected to the controller at %s", self.address)
             else:
                 log.warning("controller link %s: %s", state, detail)
@@ -127,7 +142,7 @@ class ControllerLink:
                 self._failed(exc)
                 backoff = min(BACKOFF_MAX_S, max(BACKOFF_FIRST_S, backoff * 2))
             except InvalidMessage as exc:
-                self._set_state("refused", f"the controller sent an invalid plan: {exc}")
+                self._set_state(LinkStatus.REFUSED, f"the controller sent an invalid plan: {exc}")
                 backoff = BACKOFF_MAX_S
 
     def _failed(self, exc: grpc.RpcError) -> None:
@@ -136,22 +151,28 @@ class ControllerLink:
         if code in (grpc.StatusCode.UNAVAILABLE, grpc.StatusCode.DEADLINE_EXCEEDED):
             reason = diagnose(self.address, self.tls, self.server_name)
             if reason:
-                self._set_state("unauthenticated", f"UNAUTHENTICATED: {reason}", session="")
+                self._set_state(
+                    LinkStatus.UNAUTHENTICATED, f"UNAUTHENTICATED: {reason}", session=""
+                )
             else:
-                self._set_state("unreachable", f"{code.name}: {details}", session="")
+                self._set_state(LinkStatus.UNREACHABLE, f"{code.name}: {details}", session="")
         elif code in (grpc.StatusCode.UNAUTHENTICATED, grpc.StatusCode.PERMISSION_DENIED):
-            self._set_state("unauthenticated", f"{code.name}: {details}", session="")
+            self._set_state(LinkStatus.UNAUTHENTICATED, f"{code.name}: {details}", session="")
         elif code is grpc.StatusCode.NOT_FOUND:
-            self._set_state("connecting", "the controller lost our session: registering again")
+            self._set_state(
+                LinkStatus.CONNECTING, "the controller lost our session: registering again"
+            )
         else:
-            self._set_state("refused", f"{code.name}: {details}", session="")
+            self._set_state(LinkStatus.REFUSED, f"{code.name}: {details}", session="")
 
     def _session(self, stub: pb_grpc.AgentLinkStub) -> None:
         reply = stub.Register(
             convert.registration_message(self.registration), timeout=RPC_TIMEOUT_S
         )
         self._set_state(
-            "connected", session=reply.session, controller_incarnation=reply.controller_incarnation
+            LinkStatus.CONNECTED,
+            session=reply.session,
+            controller_incarnation=reply.controller_incarnation,
         )
         interval_s = max(0.05, reply.report_interval_ms / 1000 or 1.0)
         plans = stub.WatchPlan(pb.WatchPlanRequest(session=reply.session))
@@ -185,14 +206,13 @@ class ControllerLink:
             with self._lock:  # not lost: sent with the next session's first report
                 self._rotations[:0] = rotations
             raise
-        self.state.reports += 1
+        self._count(reports=self.state.reports + 1)
 
     def _watch(self, plans: Any, errors: list[Exception]) -> None:
         try:
             for message in plans:
                 plan = convert.plan_slots(message)
-                self.state.plans += 1
-                self.state.last_plan_generation = plan.generation
+                self._count(plans=self.state.plans + 1, last_plan_generation=plan.generation)
                 self._on_plan(plan)
         except grpc.RpcError as exc:
             if exc.code() is not grpc.StatusCode.CANCELLED:

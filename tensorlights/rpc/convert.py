@@ -18,6 +18,7 @@ from tensorlights.model import (
     MAX_PORT,
     AppliedRotation,
     HostReport,
+    Mode,
     PlanSlots,
     Registration,
     ReportedJob,
@@ -36,8 +37,6 @@ MAX_PORTS_PER_JOB = 65535
 MAX_ROTATIONS_PER_REPORT = 1024
 MAX_INTERFACES = 64
 MAX_TEXT = 1024
-MODES = ("plan", "local")
-POLICIES = tuple(policy.value for policy in PolicyName)  # the agent's local policies
 
 _INTERFACE = re.compile(r"^[^/\s]{1,15}$")
 
@@ -102,8 +101,9 @@ def registration(data: bytes) -> Registration:
         if not _INTERFACE.match(interface.name):
             raise InvalidMessage(f"interface name {interface.name[:40]!r} is not a Linux name")
         interfaces.append((interface.name, int(interface.link_rate_bps)))
-    if message.fallback_policy not in POLICIES:
-        raise InvalidMessage(f"fallback_policy must be one of {', '.join(POLICIES)}")
+    if message.fallback_policy not in set(PolicyName):
+        allowed = ", ".join(PolicyName)
+        raise InvalidMessage(f"fallback_policy must be one of {allowed}")
     if message.agent_incarnation == 0:
         raise InvalidMessage("agent_incarnation must be set")
     return Registration(
@@ -146,8 +146,8 @@ def report(data: bytes) -> HostReport:
                 generation=int(rotation.plan_generation),
             )
         )
-    if message.mode not in MODES:
-        raise InvalidMessage(f"mode must be one of {', '.join(MODES)}")
+    if message.mode not in set(Mode):
+        raise InvalidMessage(f"mode must be one of {', '.join(Mode)}")
     if not message.session:
         raise InvalidMessage("session must be set (register first)")
     return HostReport(
@@ -155,7 +155,7 @@ def report(data: bytes) -> HostReport:
         seq=int(message.seq),
         jobs=tuple(jobs.values()),
         rotations=tuple(rotations),
-        mode=message.mode,
+        mode=Mode(message.mode),
         health=_check_text("health", message.health),
     )
 

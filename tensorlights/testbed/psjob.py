@@ -29,6 +29,7 @@ from collections.abc import Callable, Sequence
 from dataclasses import dataclass
 from typing import Any
 
+from tensorlights.agent.status import AgentStatus
 from tensorlights.discovery.rules import DiscoveryRules, ProcessFacts, identify
 from tensorlights.telemetry.accuracy import Measured
 
@@ -194,7 +195,7 @@ def tf_job_id(tag: str, workers: int) -> str:
 
 
 def collect_iterations(
-    read_status: Callable[[], dict[str, Any] | None],
+    read_status: Callable[[], AgentStatus | None],
     jobs: dict[str, RunningJob],
     timeout_s: float = 600,
 ) -> tuple[dict[str, list[list[float]]], dict[str, list[Measured]]]:
@@ -204,9 +205,11 @@ def collect_iterations(
     finished_at = None
     end = time.monotonic() + timeout_s
     while time.monotonic() < end and (finished_at is None or time.monotonic() < finished_at):
-        for job, items in ((read_status() or {}).get("telemetry") or {}).items():
+        status = read_status()
+        telemetry = status.telemetry if status is not None else None
+        for job, items in (telemetry.iterations if telemetry is not None else {}).items():
             for item in items:
-                measured = Measured(item["last_done_monotonic"], item["spread_s"], item["period_s"])
+                measured = Measured(item.last_done_monotonic, item.spread_s, item.period_s)
                 seen.setdefault(job, {})[measured.last_done] = measured
         if finished_at is None and all(r.ps.poll() is not None for r in jobs.values()):
             finished_at = time.monotonic() + 1.0  # final pushes close once connections go

@@ -10,7 +10,7 @@ from collections.abc import Callable
 from pathlib import Path
 from typing import Any
 
-from tensorlights.agent.status import read_status
+from tensorlights.agent.status import read_status_document
 from tensorlights.errors import TransientError
 from tensorlights.testbed import netns
 from tensorlights.testbed.socket_holder import clean_env
@@ -61,7 +61,7 @@ class AgentProcess:
 
     def status(self) -> dict[str, Any] | None:
         try:
-            return read_status(self.socket, timeout_s=2)
+            return read_status_document(self.socket, timeout_s=2)
         except (TransientError, OSError, json.JSONDecodeError):
             return None
 

@@ -6,6 +6,7 @@ from pathlib import Path
 
 import pytest
 
+from tensorlights.agent.status import AgentStatus
 from tensorlights.telemetry.accuracy import compare
 from tensorlights.testbed import netns
 from tensorlights.testbed.psjob import (
@@ -44,7 +45,7 @@ def test_measured_spread_and_period_match_the_workers_own_log(
             )  # fmt: skip
         code, text = 0, ""
 
-        def status() -> dict | None:  # type: ignore[type-arg]
+        def status() -> AgentStatus | None:
             nonlocal code, text
             document = agent.status()
             running = all(r.ps.poll() is None for r in jobs.values())
@@ -55,7 +56,7 @@ def test_measured_spread_and_period_match_the_workers_own_log(
                 scraped_code, scraped = agent.http("/metrics")
                 if all(f'spread_seconds_count{{job="{job}"}}' in scraped for job in jobs):
                     code, text = scraped_code, scraped
-            return document
+            return AgentStatus.from_json(document) if document and "version" in document else None
 
         truths, measured = collect_iterations(status, jobs)
     finally:

@@ -1,0 +1,127 @@
+"""The agent's side of the controller link: what it registers as, the plans it receives
+(moved onto the agent's monotonic clock as they arrive) and what it reports after each pass."""
+
+from __future__ import annotations
+
+import dataclasses
+import queue
+import statistics
+from collections.abc import Callable, Mapping, Sequence
+
+from tensorlights import __version__
+from tensorlights.agent.config import AgentConfig
+from tensorlights.agent.reconcile import PassResult, shaped_jobs
+from tensorlights.agent.status import ControllerLinkView
+from tensorlights.model import (
+    AppliedRotation,
+    LinkStatus,
+    Mode,
+    PlanSlots,
+    Registration,
+    ReportedJob,
+)
+from tensorlights.policy.schedule import HostSchedule
+from tensorlights.rpc.agent_client import ControllerLink
+from tensorlights.telemetry.straggler import Iteration
+
+
+class ControllerBinding:
+    def __init__(
+        self,
+        config: AgentConfig,
+        incarnation: int,
+        clock: Callable[[], float],
+        wall_clock: Callable[[], float],
+        wake: Callable[[], None],
+        on_connected: Callable[[bool], None],
+    ) -> None:
+        assert config.controller is not None and config.controller_tls is not None
+        self._address = config.controller
+        self._clock = clock
+        self._wall = wall_clock
+        self._wake = wake
+        self._plans: queue.SimpleQueue[HostSchedule] = queue.SimpleQueue()
+        registration = Registration(
+            host=config.host_name,
+            incarnation=incarnation,
+            agent_version=__version__,
+            interfaces=((config.interface, config.link_rate_bps or 0),),
+            fallback_policy=config.policy.value,
+        )
+        self._link = ControllerLink(
+            config.controller,
+            config.controller_tls,
+            config.controller_server_name,
+            registration,
+            self._plan_received,
+            lambda state: on_connected(state.state is LinkStatus.CONNECTED),
+        )
+
+    def start(self) -> None:
+        self._link.start()
+
+    def stop(self) -> None:
+        self._link.stop()
+
+    def _plan_received(self, plan: PlanSlots) -> None:
+        """On the link's thread: times moved to our monotonic clock as the plan arrives."""
+        now = self._clock()
+        offset = self._wall() - now
+        self._plans.put(
+            HostSchedule(
+                incarnation=plan.incarnation,
+                generation=plan.generation,
+                epoch=plan.epoch - offset,
+                slot_s=plan.slot_s,
+                slots=plan.slots,
+                lease_until=now + plan.lease_s,
+            )
+        )
+        self._wake()
+
+    def take_plans(self) -> list[HostSchedule]:
+        """Plans received since the last call, oldest first."""
+        plans = []
+        while not self._plans.empty():
+            plans.append(self._plans.get_nowait())
+        return plans
+
+    def passed(self, result: PassResult, recent: Mapping[str, Sequence[Iteration]] | None) -> None:
+        mode = Mode.PLAN if result.plan.generation else Mode.LOCAL
+        self._link.update(reported_jobs(result, recent or {}), mode, "")
+
+    def failed(self, message: str) -> None:
+        self._link.update((), Mode.LOCAL, message)
+
+    def applied(self, rotation: AppliedRotation) -> None:
+        self._link.applied(rotation)
+
+    def view(self) -> ControllerLinkView:
+        return ControllerLinkView(address=self._address, **dataclasses.asdict(self._link.state))
+
+
+def reported_jobs(
+    result: PassResult, recent: Mapping[str, Sequence[Iteration]]
+) -> tuple[ReportedJob, ...]:
+    """The PS jobs this agent shapes (ports in its network namespace; a PS seen in another
+    namespace belongs to that namespace's host), with their telemetry."""
+    snapshot, loads = result.snapshot, result.loads
+    ports = snapshot.job_ports()
+    jobs = []
+    for job in sorted(shaped_jobs(snapshot)):
+        tasks = [t for t in snapshot.tasks if t.job == job and t.in_agent_netns]
+        iterations = recent.get(job, [])
+        spreads = [it.spread for it in iterations]
+        periods = [it.period for it in iterations if it.period is not None]
+        jobs.append(
+            ReportedJob(
+                job=job,
+                ports=ports.get(job, frozenset()),
+                processes=len(tasks),
+                connections=sum(len(t.connections) for t in tasks),
+                spread_s=statistics.median(spreads) if spreads else None,
+                period_s=statistics.median(periods) if periods else None,
+                demand=loads[job].demand if job in loads else None,
+            )
+        )
+    return tuple(jobs)

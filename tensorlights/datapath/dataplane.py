@@ -1,0 +1,129 @@
+"""One interface's egress as one object: the HTB tree (tc) and the DSCP marks (nftables).
+
+The reconciler asks for a spec; this object owns how it reaches the kernel: tc first, then the
+marks, with the job -> u32 table hand-off between them, and the "marks off, warn" mode. A
+job's packets can carry the DSCP of another band than the one they queue in only between the
+two writes of one call.
+"""
+
+from __future__ import annotations
+
+import logging
+from dataclasses import dataclass
+
+from tensorlights.datapath.dscp import DscpMarker
+from tensorlights.datapath.htb import ApplyResult, HtbDatapath, LinkInfo, PlannedChange
+from tensorlights.datapath.nft import Nft
+from tensorlights.errors import UnsupportedKernelError
+from tensorlights.model import DatapathSpec
+from tensorlights.policy.dscp_plan import desired_dscp
+
+log = logging.getLogger("tensorlights.datapath")
+
+
+@dataclass(frozen=True)
+class Marking:
+    """DSCP marking as configured."""
+
+    bands: tuple[int, ...]
+    """DSCP of bands 0..6 (0 = green)."""
+    required: bool = True
+    """False: where this kernel cannot mark, run unmarked with a loud warning."""
+
+
+class Dataplane:
+    def __init__(
+        self,
+        tc: HtbDatapath,
+        netns: str | None = None,
+        marking: Marking | None = None,
+    ) -> None:
+        self.tc = tc
+        self._netns = netns
+        self._marks: DscpMarker | None = None
+        self._bands: tuple[int, ...] = ()
+        self.set_marking(marking)
+
+    @property
+    def marking(self) -> bool:
+        """Whether packets are being marked (False: off by config, or by `required = False`)."""
+        return self._marks is not None
+
+    def set_marking(self, marking: Marking | None) -> None:
+        """Turn marking on, off or to other code points; the next `apply` writes the table.
+        UnsupportedKernelError when it is required and this kernel cannot do it."""
+        if marking is None:
+            if self._marks is not None:
+                self._marks.cleanup()
+                self._marks.close()
+            self._marks = None
+            return
+        self._bands = marking.bands
+        if self._marks is not None:
+            return
+        try:
+            marks = DscpMarker(Nft(self._netns))
+            try:
+                marks.probe()
+            except UnsupportedKernelError:
+                marks.close()
+                raise
+        except UnsupportedKernelError as exc:
+            if marking.required:
+                raise
+            log.warning("DSCP MARKING IS OFF (dscp.on_unsupported = warn): %s", exc)
+            return
+        self._marks = marks
+
+    def link(self, interface: str) -> LinkInfo:
+        return self.tc.link(interface)
+
+    def apply(self, spec: DatapathSpec) -> int:
+        """Read the kernel back and make it `spec` (repairs drift); kernel writes made."""
+        return self._mark(spec, self.tc.apply(spec), full=True)
+
+    def rotate(self, spec: DatapathSpec) -> int:
+        """Band changes against what was last written (the fast path); a full apply when
+        jobs or ports changed. Kernel writes made."""
+        return self._mark(spec, self.tc.rotate(spec), full=False)
+
+    def _mark(self, spec: DatapathSpec, written: ApplyResult, full: bool) -> int:
+        ops = len(written.ops)
+        if self._marks is not None:
+            layout = desired_dscp(spec, written.job_table, self._bands)
+            changed = self._marks.apply(layout) if full else self._marks.rotate(layout)
+            ops += changed
+        return ops
+
+    def plan(self, spec: DatapathSpec) -> PlannedChange:
+        """What `apply(spec)` would change in tc now, touching nothing."""
+        return self.tc.plan(spec)
+
+    def class_counters(self, interface: str) -> dict[int, tuple[int, int, int]]:
+        return self.tc.class_counters(interface)
+
+    def cleanup(self, interface: str) -> str:
+        """Remove our qdisc (restoring the one before) and our nftables table; what was done.
+        Only ours is touched."""
+        outcome = self.tc.cleanup(interface)
+        if self._marks is not None and self._marks.cleanup():
+            outcome += "; removed nftables table inet tensorlights"
+        return outcome
+
+    def close(self) -> None:
+        self.tc.sock.close()
+        if self._marks is not None:
+            self._marks.close()
+
+
+def remove_everything(tc: HtbDatapath, interface: str, netns: str | None = None) -> list[str]:
+    """`tensorlights-agent cleanup`: our qdisc and our nftables table, whatever a config says
+    about marking; what was done, a line each."""
+    done = [tc.cleanup(interface)]
+    marks = DscpMarker(Nft(netns))
+    try:
+        if marks.cleanup():
+            done.append("removed nftables table inet tensorlights (DSCP marks)")
+    finally:
+        marks.close()
+    return done

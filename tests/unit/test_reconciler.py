@@ -1,0 +1,278 @@
+"""The reconcile pass and the agent's loop around it, with a fake dataplane, a fake scanner
+and a fake clock: which kernel path each pass takes, and how the loop handles errors. (The
+real dataplane is tested against the kernel in tests/functional.)"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass, field, replace
+
+import pytest
+from prometheus_client import CollectorRegistry
+
+from tensorlights.agent.app import BACKOFF_FIRST_S, BACKOFF_MAX_S, AgentApp
+from tensorlights.agent.config import AgentConfig
+from tensorlights.agent.reconcile import Reconciler
+from tensorlights.daemon.sdnotify import Notifier
+from tensorlights.datapath.htb import PlannedChange
+from tensorlights.errors import (
+    ConfigError,
+    ForeignQdiscError,
+    NetlinkRequestError,
+    UnsupportedKernelError,
+)
+from tensorlights.model import DatapathSpec, DiscoverySnapshot, PsTask
+from tensorlights.policy.bands import PolicyName
+
+
+class Clock:
+    def __init__(self) -> None:
+        self.now = 1000.0
+
+    def __call__(self) -> float:
+        return self.now
+
+
+@dataclass
+class FakeDataplane:
+    """Records the calls the reconciler makes; `fail` raises on the next write."""
+
+    calls: list[tuple[str, object]] = field(default_factory=list)
+    fail: Exception | None = None
+
+    def _write(self, name: str, spec: DatapathSpec) -> int:
+        self.calls.append((name, spec))
+        if self.fail is not None:
+            raise self.fail
+        return len(spec.jobs) + 1
+
+    def apply(self, spec: DatapathSpec) -> int:
+        return self._write("apply", spec)
+
+    def rotate(self, spec: DatapathSpec) -> int:
+        return self._write("rotate", spec)
+
+    def plan(self, spec: DatapathSpec) -> PlannedChange:
+        self.calls.append(("plan", spec))
+        return PlannedChange(False, (), {})
+
+    def cleanup(self, interface: str) -> str:
+        self.calls.append(("cleanup", interface))
+        return f"{interface}: cleaned"
+
+    def names(self) -> list[str]:
+        return [name for name, _ in self.calls]
+
+
+class FakeScanner:
+    def __init__(self, *jobs: str) -> None:
+        self.jobs = list(jobs)
+        self.scans = 0
+
+    def scan(self) -> DiscoverySnapshot:
+        self.scans += 1
+        return DiscoverySnapshot(
+            tasks=tuple(
+                PsTask(
+                    pid=100 + i,
+                    create_time=1.0,
+                    job=job,
+                    source="env",
+                    netns=1,
+                    in_agent_netns=True,
+                    listen_ports=frozenset({5000 + i}),
+                    connections=(),
+                )
+                for i, job in enumerate(self.jobs)
+            )
+        )
+
+    def set_rules(self, rules: object) -> None:
+        pass
+
+    def close(self) -> None:
+        pass
+
+
+CONFIG = AgentConfig(
+    "eth0",
+    link_rate_bps=1_000_000_000,
+    policy=PolicyName.ROTATE,
+    interval_s=3.0,
+    scan_interval_s=0.25,
+    resync_interval_s=30.0,
+    telemetry_enabled=False,
+)
+
+
+def _reconciler(
+    config: AgentConfig = CONFIG, jobs: tuple[str, ...] = ("a", "b"), clock: Clock | None = None
+) -> tuple[Reconciler, FakeDataplane, FakeScanner, Clock]:
+    dataplane, scanner, clock = FakeDataplane(), FakeScanner(*jobs), clock or Clock()
+    return Reconciler(config, scanner, dataplane, clock), dataplane, scanner, clock  # type: ignore[arg-type]
+
+
+def test_the_first_pass_applies_then_unchanged_passes_touch_nothing() -> None:
+    reconciler, dataplane, _, clock = _reconciler()
+    first = reconciler.run_pass()
+    assert dataplane.names() == ["apply"] and first.full_resync and first.kernel_ops == 3
+    clock.now += 0.25
+    second = reconciler.run_pass()
+    assert dataplane.names() == ["apply"] and second.kernel_ops == 0 and not second.full_resync
+
+
+def test_a_band_change_takes_the_rotation_path_and_the_resync_reads_back() -> None:
+    reconciler, dataplane, _, clock = _reconciler()
+    reconciler.run_pass()
+    clock.now += 3.0  # the slot ends: the light moves
+    moved = reconciler.run_pass()
+    assert dataplane.names() == ["apply", "rotate"] and moved.plan.rotated
+    clock.now += 30.0  # resync_interval since the first pass
+    reconciler.run_pass()
+    assert dataplane.names()[-1] == "apply"
+
+
+def test_the_resync_cadence_is_resync_interval() -> None:
+    config = replace(CONFIG, policy=PolicyName.STATIC)
+    reconciler, dataplane, _, clock = _reconciler(config)
+    applies = []
+    for _ in range(int(95 / 0.25)):
+        result = reconciler.run_pass()
+        if result.full_resync:
+            applies.append(clock.now - 1000.0)
+        clock.now += 0.25
+    assert applies == [0.0, 30.0, 60.0, 90.0]
+    assert set(dataplane.names()) == {"apply"}
+
+
+def test_an_error_forces_a_full_resync_at_the_next_pass() -> None:
+    reconciler, dataplane, _, clock = _reconciler()
+    reconciler.run_pass()
+    reconciler.force_resync()
+    clock.now += 0.25
+    assert reconciler.run_pass().full_resync and dataplane.names() == ["apply", "apply"]
+
+
+def test_fifo_cleans_up_once_and_then_only_observes() -> None:
+    reconciler, dataplane, _, clock = _reconciler(replace(CONFIG, policy=PolicyName.FIFO))
+    for _ in range(5):
+        result = reconciler.run_pass()
+        assert result.spec is None
+        clock.now += 0.25
+    assert dataplane.names() == ["cleanup"]
+
+
+def test_a_pass_woken_at_the_slot_boundary_reuses_a_fresh_scan() -> None:
+    reconciler, _, scanner, clock = _reconciler()
+    reconciler.run_pass()
+    clock.now += 0.1  # under scan_interval / 2: woken early for the light, not a new scan
+    reconciler.run_pass()
+    assert scanner.scans == 1
+    clock.now += 0.2
+    reconciler.run_pass()
+    assert scanner.scans == 2
+
+
+def test_rotate_wakes_the_loop_at_the_slot_boundary() -> None:
+    reconciler, _, _, clock = _reconciler()
+    result = reconciler.run_pass()
+    assert result.plan.next_change_at == pytest.approx(clock.now + 3.0)
+
+
+def test_a_job_arriving_takes_the_rotation_path_which_the_dataplane_widens() -> None:
+    reconciler, dataplane, scanner, clock = _reconciler()
+    reconciler.run_pass()
+    scanner.jobs.append("c")
+    clock.now += 0.25
+    reconciler.run_pass()
+    name, spec = dataplane.calls[-1]
+    assert name == "rotate" and isinstance(spec, DatapathSpec) and len(spec.jobs) == 3
+
+
+def test_stop_restores_or_leaves() -> None:
+    reconciler, dataplane, _, _ = _reconciler()
+    assert reconciler.stop(restore=False) is None and dataplane.names() == []
+    assert reconciler.stop(restore=True) == "eth0: cleaned"
+
+
+def test_dry_run_plans_and_writes_nothing() -> None:
+    reconciler, dataplane, _, _ = _reconciler()
+    plan, spec, change = reconciler.dry_run()
+    assert spec is not None and change is not None and dataplane.names() == ["plan"]
+    assert plan.green == "a"
+
+
+# The loop ------------------------------------------------------------------------------
+
+
+def _app(config: AgentConfig = CONFIG) -> tuple[AgentApp, Clock]:
+    clock = Clock()
+    app = AgentApp(
+        lambda: config, CollectorRegistry(), Notifier(None), clock=clock, wall_clock=clock
+    )
+    return app, clock
+
+
+def _errors(app: AgentApp, kind: str) -> float:
+    value = app.registry.get_sample_value("tensorlights_reconcile_errors_total", {"kind": kind})
+    return value or 0.0
+
+
+def test_transient_errors_back_off_doubling_to_the_cap_and_recover() -> None:
+    app, clock = _app()
+    reconciler, dataplane, _, _ = _reconciler(clock=clock)
+    dataplane.fail = ForeignQdiscError("eth0 already has a root qdisc tbf 5:0")
+    waits = []
+    for _ in range(7):  # retried even before the first good pass: the host may change
+        waits.append(app.step(reconciler))
+        clock.now += waits[-1]
+    assert waits == [0.5, 1.0, 2.0, 4.0, 8.0, BACKOFF_MAX_S, BACKOFF_MAX_S]
+    assert waits[0] == BACKOFF_FIRST_S and _errors(app, "ForeignQdiscError") == 7
+    healthy, reason = app.health.check()  # 35.5 s without a good pass
+    assert not healthy and "ForeignQdiscError" in reason
+    dataplane.fail = None
+    assert app.step(reconciler) == CONFIG.scan_interval_s  # recovered: the normal cadence
+    assert app.health.check()[0]
+    assert dataplane.names() == ["apply"] * 8  # every failure forced a full resync
+    dataplane.fail = ForeignQdiscError("again")
+    clock.now += CONFIG.resync_interval_s  # the next full resync meets it
+    assert app.step(reconciler) == BACKOFF_FIRST_S  # the backoff starts over
+
+
+@pytest.mark.parametrize(
+    "error",
+    [
+        UnsupportedKernelError("no HTB in this kernel"),
+        NetlinkRequestError("add class", 1, "Operation not permitted"),
+        ConfigError("bad"),
+    ],
+    ids=lambda e: type(e).__name__,
+)
+def test_a_permanent_error_on_the_first_pass_is_fatal(error: Exception) -> None:
+    app, clock = _app()
+    reconciler, dataplane, _, _ = _reconciler(clock=clock)
+    dataplane.fail = error
+    with pytest.raises(type(error)):
+        app.step(reconciler)
+
+
+def test_a_permanent_error_after_a_good_pass_is_retried() -> None:
+    app, clock = _app()
+    reconciler, dataplane, _, _ = _reconciler(clock=clock)
+    app.step(reconciler)
+    dataplane.fail = NetlinkRequestError("change class", 22, "Invalid argument")
+    clock.now += 3.0
+    assert app.step(reconciler) == BACKOFF_FIRST_S
+    assert _errors(app, "NetlinkRequestError") == 1
+    clock.now += 11.0  # past health_max_age without a good pass
+    healthy, reason = app.health.check()
+    assert not healthy and "NetlinkRequestError" in reason
+
+
+def test_plans_older_than_the_followed_one_are_ignored() -> None:
+    from tensorlights.policy.schedule import HostSchedule
+
+    reconciler, _, _, clock = _reconciler()
+    newer = HostSchedule(1, 5, 0.0, 3.0, (("b", "a"),), lease_until=clock.now + 15)
+    older = HostSchedule(1, 4, 0.0, 3.0, (("a", "b"),), lease_until=clock.now + 15)
+    assert reconciler.offer_plan(newer) and not reconciler.offer_plan(older)
+    assert reconciler.run_pass().plan.green == "b"
