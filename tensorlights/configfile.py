@@ -4,11 +4,13 @@ agent's and the controller's configuration)."""
 from __future__ import annotations
 
 import tomllib
+from collections.abc import Callable, Mapping
 from enum import StrEnum
 from pathlib import Path
 from typing import Any, TypeVar
 
 from tensorlights.errors import ConfigError
+from tensorlights.tls_files import TlsFiles
 from tensorlights.units import parse_duration
 
 E = TypeVar("E", bound=StrEnum)
@@ -72,6 +74,30 @@ def choice(kind: type[E], value: Any, key: str) -> E:
     except ValueError:
         allowed = ", ".join(member.value for member in kind)
         raise ConfigError(f"{key} must be one of {allowed}, got {value!r}") from None
+
+
+def address(value: Any, key: str) -> tuple[str, int]:
+    return parse_address(text(value, key))
+
+
+def path(value: Any, key: str) -> Path:
+    return Path(text(value, key))
+
+
+def enum_reader(kind: type[E]) -> Callable[[Any, str], E]:
+    return lambda value, key: choice(kind, value, key)
+
+
+def tls_files(found: Mapping[str, Any], table: str) -> TlsFiles:
+    """A [table]'s ca, cert and key: all three or none (the daemons speak mutual TLS only)."""
+    missing = {"ca", "cert", "key"} - set(found)
+    if missing:
+        raise ConfigError(
+            f"[{table}] needs all of ca, cert and key (missing {', '.join(sorted(missing))}): "
+            "agents and the controller always use mutual TLS (scripts/dev_ca.py makes a "
+            "development CA)"
+        )
+    return TlsFiles(*(path(found[key], f"{table}.{key}") for key in ("ca", "cert", "key")))
 
 
 def section(table: Any, name: str, keys: set[str]) -> dict[str, Any]:

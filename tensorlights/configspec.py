@@ -212,5 +212,5 @@ def show_duration(seconds: float) -> str:
     return f"{seconds:g}s"
 
 
-def show_text(value: object) -> str:
-    return str(value)
+def show_address(address: tuple[str, int]) -> str:
+    return f"{address[0]}:{address[1]}"

@@ -268,6 +268,22 @@ class LinkStatus(StrEnum):
 
 
 @dataclass(frozen=True)
+class LinkState:
+    """An agent's link to the controller as status shows it; replaced whole, never changed
+    in place (the link's threads write it, the status reads it)."""
+
+    state: LinkStatus = LinkStatus.CONNECTING
+    detail: str = ""
+    session: str = ""
+    controller_incarnation: int = 0
+    plans: int = 0
+    last_plan_generation: int = 0
+    reports: int = 0
+    since: float = 0.0
+    """Unix time of the last change of state."""
+
+
+@dataclass(frozen=True)
 class HostReport:
     session: str
     seq: int

@@ -8,19 +8,25 @@ from __future__ import annotations
 
 import math
 import socket
-from collections.abc import Mapping
+from collections.abc import Callable, Mapping
 from dataclasses import dataclass, replace
 from enum import StrEnum
 from pathlib import Path
 from typing import Any, TypeVar
 
-from tensorlights.configfile import choice as read_choice
+from tensorlights.configfile import (
+    address,
+    enum_reader,
+    integer,
+    parse_address,
+    path,
+    section,
+    tls_files,
+)
 from tensorlights.configfile import flag as read_flag
-from tensorlights.configfile import integer, parse_address, section
 from tensorlights.configfile import number as read_number
 from tensorlights.configfile import text as read_text
 from tensorlights.configspec import (
-    Reader,
     allowed_keys,
     check_keys,
     check_ranges,
@@ -28,7 +34,9 @@ from tensorlights.configspec import (
     merge,
     param,
     read_fields,
+    show_address,
 )
+from tensorlights.datapath.dataplane import Marking
 from tensorlights.discovery.rules import DiscoveryRules, OperatorRule
 from tensorlights.errors import ConfigError, LinkRateUnknownError
 from tensorlights.model import DatapathSpec
@@ -59,28 +67,8 @@ class OnStop(StrEnum):
     """Leave the shaping in place for the next start to adopt (upgrades, restarts)."""
 
 
-def _address(value: Any, key: str) -> tuple[str, int]:
-    return parse_address(read_text(value, key))
-
-
-def _path(value: Any, key: str) -> Path:
-    return Path(read_text(value, key))
-
-
 def _rate(value: Any, key: str) -> int:
     return parse_rate(read_text(value, key))
-
-
-def _enum(kind: type[E]) -> Reader:
-    return lambda value, key: read_choice(kind, value, key)
-
-
-def _tls(found: dict[str, Any], table: str) -> TlsFiles:
-    if set(found) != {"ca", "cert", "key"}:
-        raise ConfigError(f"[{table}] needs all of ca, cert and key, or none")
-    return TlsFiles(
-        *(Path(read_text(found[key], f"{table}.{key}")) for key in ("ca", "cert", "key"))
-    )
 
 
 def _dscp_bands(value: Any, key: str) -> tuple[int, ...]:
@@ -114,7 +102,7 @@ class AgentConfig:
     """None: read the link speed from the kernel at start (fails clearly if it has none)."""
     policy: PolicyName = param(
         "policy",
-        _enum(PolicyName),
+        enum_reader(PolicyName),
         "fifo: observe only; static: fixed order (TL-One); rotate: the green light moves every "
         "interval (TL-RR); pack: order by measured demand with a starvation bound "
         "(max_slowdown, starvation_window).",
@@ -152,7 +140,7 @@ class AgentConfig:
     )
     controller_tls: TlsFiles | None = param(
         ("controller.ca", "controller.cert", "controller.key"),
-        _tls,
+        tls_files,
         "The CA, this host's client certificate and its key (mutual TLS).",
         default=None,
     )
@@ -172,16 +160,16 @@ class AgentConfig:
     )
     metrics_address: tuple[str, int] = param(
         "metrics_address",
-        _address,
+        address,
         "Where /metrics and /healthz are served.",
         default=("127.0.0.1", DEFAULT_METRICS_PORT),
         flag="--metrics-address",
         metavar="HOST:PORT",
-        show=lambda a: f"{a[0]}:{a[1]}",
+        show=show_address,
     )
     status_socket: Path = param(
         "status_socket",
-        _path,
+        path,
         "The local socket `tensorlights-agent status` reads.",
         default=DEFAULT_STATUS_SOCKET,
         flag="--status-socket",
@@ -189,7 +177,7 @@ class AgentConfig:
     )
     state_dir: Path = param(
         "state_dir",
-        _path,
+        path,
         "Where the root qdisc we replaced is recorded for cleanup.",
         default=DEFAULT_STATE_DIR,
         flag="--state-dir",
@@ -197,7 +185,7 @@ class AgentConfig:
     )
     on_stop: OnStop = param(
         "on_stop",
-        _enum(OnStop),
+        enum_reader(OnStop),
         "On SIGTERM: restore the previous qdisc, or leave ours for the next start to adopt.",
         default=OnStop.RESTORE,
         flag="--on-stop",
@@ -246,7 +234,7 @@ class AgentConfig:
     """DSCP of bands 0..6 (0 = green)."""
     dscp_on_unsupported: OnUnsupported = param(
         "dscp.on_unsupported",
-        _enum(OnUnsupported),
+        enum_reader(OnUnsupported),
         "No nftables here: error refuses to start; warn runs unmarked.",
         default=OnUnsupported.ERROR,
     )
@@ -311,6 +299,24 @@ def build_config(file_values: Mapping[str, Any], overrides: Mapping[str, Any]) -
         return AgentConfig(**fields)
     except ValueError as exc:
         raise ConfigError(str(exc)) from exc
+
+
+def marking(config: AgentConfig) -> Marking | None:
+    """DSCP marking as configured (None: off)."""
+    if not config.dscp_enabled:
+        return None
+    return Marking(config.dscp_bands, required=config.dscp_on_unsupported is OnUnsupported.ERROR)
+
+
+def load_config_function(
+    file_reader: Callable[[], Mapping[str, Any]], overrides: Mapping[str, Any]
+) -> Callable[[], AgentConfig]:
+    """A loader that re-reads the file each call (SIGHUP) with the command line on top."""
+
+    def load() -> AgentConfig:
+        return build_config(file_reader(), overrides)
+
+    return load
 
 
 def discovery_rules(file_values: Mapping[str, Any]) -> DiscoveryRules:

@@ -3,7 +3,6 @@
 
 from __future__ import annotations
 
-import dataclasses
 import queue
 import statistics
 from collections.abc import Callable, Mapping, Sequence
@@ -97,7 +96,7 @@ class ControllerBinding:
         self._link.applied(rotation)
 
     def view(self) -> ControllerLinkView:
-        return ControllerLinkView(address=self._address, **dataclasses.asdict(self._link.state))
+        return ControllerLinkView(self._address, self._link.state)
 
 
 def reported_jobs(

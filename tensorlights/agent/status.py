@@ -15,7 +15,7 @@ from pathlib import Path
 from typing import Any
 
 from tensorlights.errors import TransientError
-from tensorlights.model import LinkStatus, Mode
+from tensorlights.model import LinkState, LinkStatus, Mode
 
 MAX_STATUS_BYTES = 16 * 1024 * 1024
 
@@ -23,14 +23,7 @@ MAX_STATUS_BYTES = 16 * 1024 * 1024
 @dataclass(frozen=True)
 class ControllerLinkView:
     address: str
-    state: LinkStatus
-    detail: str = ""
-    session: str = ""
-    controller_incarnation: int = 0
-    plans: int = 0
-    last_plan_generation: int = 0
-    reports: int = 0
-    since: float = 0.0
+    link: LinkState
 
 
 @dataclass(frozen=True)
@@ -132,7 +125,9 @@ class AgentStatus:
             "interval_s": self.interval_s,
             "standalone": self.standalone,
             "host": self.host,
-            "controller": None if self.controller is None else asdict(self.controller),
+            "controller": None
+            if self.controller is None
+            else {"address": self.controller.address, **asdict(self.controller.link)},
             "healthy": self.healthy,
             "health": self.health,
             "last_error": self.last_error,
@@ -200,9 +195,7 @@ class AgentStatus:
             interval_s=document["interval_s"],
             standalone=document["standalone"],
             host=document["host"],
-            controller=None
-            if link is None
-            else ControllerLinkView(**{**link, "state": LinkStatus(link["state"])}),
+            controller=None if link is None else _link_view(link),
             healthy=document["healthy"],
             health=document["health"],
             last_error=document["last_error"],
@@ -211,6 +204,12 @@ class AgentStatus:
             telemetry=telemetry,
             extra={k: v for k, v in document.items() if k not in known},
         )
+
+
+def _link_view(document: Mapping[str, Any]) -> ControllerLinkView:
+    fields = {k: v for k, v in document.items() if k != "address"}
+    fields["state"] = LinkStatus(fields["state"])
+    return ControllerLinkView(document["address"], LinkState(**fields))
 
 
 _KNOWN_KEYS = frozenset(

@@ -15,13 +15,14 @@ from rich.console import Console
 from rich.table import Table
 
 from tensorlights import __version__
-from tensorlights.agent.app import AgentApp, load_config_function
+from tensorlights.agent.app import AgentApp
 from tensorlights.agent.config import (
     DEFAULT_CONFIG,
     DEFAULT_STATE_DIR,
     DEFAULT_STATUS_SOCKET,
     AgentConfig,
     discovery_rules,
+    load_config_function,
     with_link_rate,
 )
 from tensorlights.cli.common import (
@@ -64,7 +65,10 @@ def main() -> None:
     """TensorLights per-host agent.
 
     Gives one parameter-server job at a time the green light (top egress priority) on this
-    host's NIC with an HTB qdisc of its own (handle 7a1:), and rotates it so nobody starves.
+    host's NIC with an HTB qdisc of its own (handle 7a1:) and DSCP marks; by default the jobs
+    are ordered by the link demand the agent measures, with a bound on any job's slowdown.
+    With a controller (--controller HOST:PORT and [controller] TLS files in the config) it
+    follows the cluster's plan instead.
 
     \b
     Examples:
@@ -260,9 +264,10 @@ def status(socket_path: Path, as_json: bool) -> None:
             if shaping is not None and shaping.mode is Mode.PLAN
             else f"own policy ({status.policy})"
         )
-        link = status.controller
+        link = status.controller.link
         detail = f" ({link.detail})" if link.detail else ""
-        console.print(f"controller {link.address}: {link.state}{detail}; {following}")
+        address = status.controller.address
+        console.print(f"controller {address}: {link.state}{detail}; {following}")
     if shaping is not None and shaping.light.green:
         light = shaping.light
         console.print(

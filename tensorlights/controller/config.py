@@ -9,7 +9,7 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
-from tensorlights.configfile import choice, parse_address, text
+from tensorlights.configfile import address, enum_reader, path, text, tls_files
 from tensorlights.configfile import flag as read_flag
 from tensorlights.configspec import (
     allowed_keys,
@@ -19,6 +19,7 @@ from tensorlights.configspec import (
     merge,
     param,
     read_fields,
+    show_address,
 )
 from tensorlights.controller.planner import ClusterPolicy
 from tensorlights.errors import ConfigError
@@ -28,31 +29,9 @@ DEFAULT_CONFIG = Path("/etc/tensorlights/controller.toml")
 DEFAULT_SOCKET = Path("/run/tensorlights-controller/tlctl.sock")
 
 
-def _address(value: Any, key: str) -> tuple[str, int]:
-    return parse_address(text(value, key))
-
-
-def _path(value: Any, key: str) -> Path:
-    return Path(text(value, key))
-
-
 def _socket(value: Any, key: str) -> Path | None:
     path = text(value, key)
     return Path(path) if path else None
-
-
-def _policy(value: Any, key: str) -> ClusterPolicy:
-    return choice(ClusterPolicy, value, key)
-
-
-def _tls(found: dict[str, Any], table: str) -> TlsFiles:
-    missing = {"ca", "cert", "key"} - set(found)
-    if missing:
-        raise ConfigError(
-            f"[{table}] needs {', '.join(sorted(missing))}: agents and the controller always use "
-            "mutual TLS (scripts/dev_ca.py makes a development CA)"
-        )
-    return TlsFiles(*(Path(text(found[key], f"{table}.{key}")) for key in ("ca", "cert", "key")))
 
 
 def _command(value: Any, key: str) -> tuple[str, ...]:
@@ -61,26 +40,22 @@ def _command(value: Any, key: str) -> tuple[str, ...]:
     return tuple(value)
 
 
-def _show_address(address: tuple[str, int]) -> str:
-    return f"{address[0]}:{address[1]}"
-
-
 @dataclass(frozen=True)
 class ControllerConfig:
     tls: TlsFiles = param(
         ("tls.ca", "tls.cert", "tls.key"),
-        _tls,
+        tls_files,
         "The CA that signs agents' certificates, the controller's certificate and its key.",
         key_flags=("--tls-ca", "--tls-cert", "--tls-key"),
     )
     listen: tuple[str, int] = param(
         "listen",
-        _address,
+        address,
         "Agents' (and tlctl --controller's) mutual-TLS port.",
         default=("0.0.0.0", 9740),
         flag="--listen",
         metavar="HOST:PORT",
-        show=_show_address,
+        show=show_address,
     )
     socket: Path | None = param(
         "socket",
@@ -99,16 +74,16 @@ class ControllerConfig:
     )
     metrics_address: tuple[str, int] = param(
         "metrics_address",
-        _address,
+        address,
         "Where /metrics and /healthz are served.",
         default=("127.0.0.1", 9741),
         flag="--metrics-address",
         metavar="HOST:PORT",
-        show=_show_address,
+        show=show_address,
     )
     state_dir: Path = param(
         "state_dir",
-        _path,
+        path,
         "Where the incarnation number is kept across restarts.",
         default=Path("/var/lib/tensorlights-controller"),
         flag="--state-dir",
@@ -118,7 +93,7 @@ class ControllerConfig:
     lease_s: float = duration_param("lease", "How long a plan holds unrenewed.", 15.0, "--lease")
     policy: ClusterPolicy = param(
         "policy",
-        _policy,
+        enum_reader(ClusterPolicy),
         "rotate: a coordinated cycle of green slots; pack: one cluster-wide order by the "
         "demand agents measure.",
         default=ClusterPolicy.PACK,
@@ -147,7 +122,7 @@ class ControllerConfig:
     )
     jobs_file: Path | None = param(
         "sources.static.file",
-        _path,
+        path,
         "Static jobs file (TOML): jobs no agent can identify by itself.",
         default=None,
         flag="--jobs-file",
@@ -165,10 +140,10 @@ class ControllerConfig:
         "sources.kubernetes.namespace", text, 'Namespace to watch ("" = all).', default=""
     )
     kubernetes_token_file: Path | None = param(
-        "sources.kubernetes.token_file", _path, "Service-account token file.", default=None
+        "sources.kubernetes.token_file", path, "Service-account token file.", default=None
     )
     kubernetes_ca_file: Path | None = param(
-        "sources.kubernetes.ca_file", _path, "CA of the API server.", default=None
+        "sources.kubernetes.ca_file", path, "CA of the API server.", default=None
     )
     kubernetes_interval_s: float = duration_param(
         "sources.kubernetes.interval", "How often Kubernetes is polled.", 5.0
@@ -189,7 +164,7 @@ def build_config(file_values: Mapping[str, Any], overrides: Mapping[str, Any]) -
     check_keys(values, allowed_keys(ControllerConfig))
     fields = read_fields(ControllerConfig, values)
     if "tls" not in fields:
-        fields["tls"] = _tls({}, "tls")  # says what is missing
+        fields["tls"] = tls_files({}, "tls")  # says what is missing
     try:
         return ControllerConfig(**fields)
     except ValueError as exc:

@@ -1,4 +1,6 @@
-"""Kernel side: the only package that talks netlink. Pick a backend with `open_datapath`."""
+"""Kernel side: the only package that writes tc (netlink) and nftables. `open_datapath` opens
+the tc writer of a backend (HTB); `dataplane.Dataplane` is what the agent writes through: tc,
+then the DSCP marks, for one interface."""
 
 from __future__ import annotations
 

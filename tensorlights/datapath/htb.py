@@ -1,8 +1,11 @@
 """The HTB datapath: makes one interface's egress match a DatapathSpec.
 
 `apply` is level-triggered: read what the kernel has, plan (pure), send the minimal diff in one
-batch. `rotate` is the hot path for band changes: it diffs against what we last wrote and
-sends only class changes; the next `apply` would repair anything that drifted meanwhile.
+batch. `rotate` is the hot path for band changes: against what we last wrote, it re-points
+each moved job's u32 table at its new band's class (one filter per moved job, one batch;
+classes and port filters stay put); a refusal there, or jobs or ports that changed, send it
+through `apply`. The agent writes through datapath.dataplane.Dataplane, which adds the DSCP
+marks after this.
 """
 
 from __future__ import annotations

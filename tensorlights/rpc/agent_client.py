@@ -13,7 +13,7 @@ import logging
 import threading
 import time
 from collections.abc import Callable
-from dataclasses import dataclass, field, replace
+from dataclasses import replace
 from typing import Any
 
 import grpc
@@ -21,6 +21,7 @@ import grpc
 from tensorlights.model import (
     AppliedRotation,
     HostReport,
+    LinkState,
     LinkStatus,
     Mode,
     PlanSlots,
@@ -40,20 +41,6 @@ RPC_TIMEOUT_S = 5.0
 BACKOFF_FIRST_S = 0.5
 BACKOFF_MAX_S = 10.0
 MAX_PENDING_ROTATIONS = 256
-
-
-@dataclass(frozen=True)
-class LinkState:
-    """The link as status shows it; replaced whole, never changed in place."""
-
-    state: LinkStatus = LinkStatus.CONNECTING
-    detail: str = ""
-    session: str = ""
-    controller_incarnation: int = 0
-    plans: int = 0
-    last_plan_generation: int = 0
-    reports: int = 0
-    since: float = field(default_factory=time.time)
 
 
 class ControllerLink:
@@ -81,7 +68,7 @@ class ControllerLink:
         self._stop = threading.Event()
         self._report_now = threading.Event()
         self._thread = threading.Thread(target=self._run, name="controller-link", daemon=True)
-        self.state = LinkState()
+        self.state = LinkState(since=time.time())
 
     # Called by the agent's loop ----------------------------------------------------------
 

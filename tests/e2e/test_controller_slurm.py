@@ -66,8 +66,14 @@ def test_controller_reports_a_slurm_job_with_its_nodes_and_ps_host(
         try:
 
             def reported() -> bool:
+                # Both sources: the agent's report and Slurm's poll (squeue, every 500 ms, can
+                # come later than the agent on a loaded machine).
                 jobs = {j["job"]: j for j in controller.query("jobs")}
-                return job in jobs and jobs[job]["ps_hosts"] == ["n1"]
+                return (
+                    job in jobs
+                    and jobs[job]["ps_hosts"] == ["n1"]
+                    and "slurm" in jobs[job]["sources"]
+                )
 
             controller.wait(reported, deadline_s=40, what="the Slurm job with its PS host")
             (found,) = [j for j in controller.query("jobs") if j["job"] == job]

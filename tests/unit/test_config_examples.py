@@ -33,8 +33,7 @@ _COMMENTED = re.compile(r"^#\s?((?:\[\[?[a-z_.]+\]\]?|[a-z_]+\s*=).*)$")
 def _uncommented(text: str) -> str:
     """The example with its commented-out settings and tables switched on."""
     return "\n".join(
-        match.group(1) if (match := _COMMENTED.match(line)) else line
-        for line in text.splitlines()
+        match.group(1) if (match := _COMMENTED.match(line)) else line for line in text.splitlines()
     )
 
 

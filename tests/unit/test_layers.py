@@ -120,24 +120,24 @@ def test_owned_libraries_are_used_by_their_owner_only() -> None:
     assert offenders == []
 
 
-def test_the_controller_core_does_not_import_rpc() -> None:
+FORBIDDEN = {
+    "controller": ("rpc",),
+    "daemon": ("agent", "controller", "rpc"),
+}
+"""Package -> packages of ours it may not import: the controller's core stays free of the
+wire (rpc/ adapts it); the daemons' shared plumbing depends on neither daemon."""
+
+
+@pytest.mark.parametrize(("package", "forbidden"), FORBIDDEN.items())
+def test_packages_keep_off_what_they_may_not_import(
+    package: str, forbidden: tuple[str, ...]
+) -> None:
     offenders = [
         (_name(path), name)
         for path in _modules()
-        if _package(_name(path)) == "controller"
+        if _package(_name(path)) == package
         for name in _imports(path)
-        if _matches(name, "tensorlights.rpc")
-    ]
-    assert offenders == []
-
-
-def test_daemon_plumbing_imports_neither_daemon() -> None:
-    offenders = [
-        (_name(path), name)
-        for path in _modules()
-        if _package(_name(path)) == "daemon"
-        for name in _imports(path)
-        if any(_matches(name, f"tensorlights.{p}") for p in ("agent", "controller", "rpc"))
+        if any(_matches(name, f"tensorlights.{other}") for other in forbidden)
     ]
     assert offenders == []
 

@@ -9,9 +9,12 @@ from dataclasses import dataclass, field, replace
 import pytest
 from prometheus_client import CollectorRegistry
 
-from tensorlights.agent.app import BACKOFF_FIRST_S, BACKOFF_MAX_S, AgentApp
 from tensorlights.agent.config import AgentConfig
+from tensorlights.agent.loop import BACKOFF_FIRST_S, BACKOFF_MAX_S, AgentLoop, Observers
+from tensorlights.agent.metrics import AgentMetrics
 from tensorlights.agent.reconcile import Reconciler
+from tensorlights.agent.status_server import StatusBoard
+from tensorlights.daemon.health import Health
 from tensorlights.daemon.sdnotify import Notifier
 from tensorlights.datapath.htb import PlannedChange
 from tensorlights.errors import (
@@ -204,38 +207,49 @@ def test_dry_run_plans_and_writes_nothing() -> None:
 # The loop ------------------------------------------------------------------------------
 
 
-def _app(config: AgentConfig = CONFIG) -> tuple[AgentApp, Clock]:
-    clock = Clock()
-    app = AgentApp(
-        lambda: config, CollectorRegistry(), Notifier(None), clock=clock, wall_clock=clock
-    )
-    return app, clock
+@dataclass
+class Loop:
+    loop: AgentLoop
+    registry: CollectorRegistry
+    health: Health
+    board: StatusBoard
+
+    def step(self) -> float:
+        return self.loop.step()
+
+    def errors(self, kind: str) -> float:
+        name = "tensorlights_reconcile_errors_total"
+        return self.registry.get_sample_value(name, {"kind": kind}) or 0.0
 
 
-def _errors(app: AgentApp, kind: str) -> float:
-    value = app.registry.get_sample_value("tensorlights_reconcile_errors_total", {"kind": kind})
-    return value or 0.0
+def _loop(reconciler: Reconciler, clock: Clock) -> Loop:
+    registry = CollectorRegistry()
+    health = Health(CONFIG.health_max_age_s, clock)
+    board = StatusBoard()
+    observers = Observers(AgentMetrics(registry), health, Notifier(None), board)
+    return Loop(AgentLoop(CONFIG, reconciler, observers, clock, clock), registry, health, board)
 
 
 def test_transient_errors_back_off_doubling_to_the_cap_and_recover() -> None:
-    app, clock = _app()
+    clock = Clock()
     reconciler, dataplane, _, _ = _reconciler(clock=clock)
+    app = _loop(reconciler, clock)
     dataplane.fail = ForeignQdiscError("eth0 already has a root qdisc tbf 5:0")
     waits = []
     for _ in range(7):  # retried even before the first good pass: the host may change
-        waits.append(app.step(reconciler))
+        waits.append(app.step())
         clock.now += waits[-1]
     assert waits == [0.5, 1.0, 2.0, 4.0, 8.0, BACKOFF_MAX_S, BACKOFF_MAX_S]
-    assert waits[0] == BACKOFF_FIRST_S and _errors(app, "ForeignQdiscError") == 7
+    assert waits[0] == BACKOFF_FIRST_S and app.errors("ForeignQdiscError") == 7
     healthy, reason = app.health.check()  # 35.5 s without a good pass
     assert not healthy and "ForeignQdiscError" in reason
     dataplane.fail = None
-    assert app.step(reconciler) == CONFIG.scan_interval_s  # recovered: the normal cadence
+    assert app.step() == CONFIG.scan_interval_s  # recovered: the normal cadence
     assert app.health.check()[0]
     assert dataplane.names() == ["apply"] * 8  # every failure forced a full resync
     dataplane.fail = ForeignQdiscError("again")
     clock.now += CONFIG.resync_interval_s  # the next full resync meets it
-    assert app.step(reconciler) == BACKOFF_FIRST_S  # the backoff starts over
+    assert app.step() == BACKOFF_FIRST_S  # the backoff starts over
 
 
 @pytest.mark.parametrize(
@@ -248,21 +262,23 @@ def test_transient_errors_back_off_doubling_to_the_cap_and_recover() -> None:
     ids=lambda e: type(e).__name__,
 )
 def test_a_permanent_error_on_the_first_pass_is_fatal(error: Exception) -> None:
-    app, clock = _app()
+    clock = Clock()
     reconciler, dataplane, _, _ = _reconciler(clock=clock)
+    app = _loop(reconciler, clock)
     dataplane.fail = error
     with pytest.raises(type(error)):
-        app.step(reconciler)
+        app.step()
 
 
 def test_a_permanent_error_after_a_good_pass_is_retried() -> None:
-    app, clock = _app()
+    clock = Clock()
     reconciler, dataplane, _, _ = _reconciler(clock=clock)
-    app.step(reconciler)
+    app = _loop(reconciler, clock)
+    app.step()
     dataplane.fail = NetlinkRequestError("change class", 22, "Invalid argument")
     clock.now += 3.0
-    assert app.step(reconciler) == BACKOFF_FIRST_S
-    assert _errors(app, "NetlinkRequestError") == 1
+    assert app.step() == BACKOFF_FIRST_S
+    assert app.errors("NetlinkRequestError") == 1
     clock.now += 11.0  # past health_max_age without a good pass
     healthy, reason = app.health.check()
     assert not healthy and "NetlinkRequestError" in reason
@@ -276,3 +292,25 @@ def test_plans_older_than_the_followed_one_are_ignored() -> None:
     older = HostSchedule(1, 4, 0.0, 3.0, (("a", "b"),), lease_until=clock.now + 15)
     assert reconciler.offer_plan(newer) and not reconciler.offer_plan(older)
     assert reconciler.run_pass().plan.green == "b"
+
+
+def test_the_loop_publishes_a_typed_status_that_reads_back_as_it_was_sent() -> None:
+    import json
+
+    from tensorlights.agent.status import AgentStatus
+
+    clock = Clock()
+    reconciler, _, _, _ = _reconciler(clock=clock)
+    app = _loop(reconciler, clock)
+    assert app.board.document() == {"state": "starting"}
+    app.step()
+    clock.now += 3.0
+    app.step()  # the light moves: a rotation is recorded
+    sent = json.loads(app.board.encoded())
+    status = AgentStatus.from_json(sent)
+    assert json.loads(json.dumps(status.to_json(), sort_keys=True)) == sent
+    assert status.shaping is not None and status.shaping.bands == {"b": 0, "a": 1}
+    assert status.shaping.light.green == "b" and status.shaping.light.next == "a"
+    assert [r.job for r in status.recent_rotations] == ["a", "b"]
+    assert sent["rotations"]["green"] == "b" and sent["mode"] == "local"  # the JSON keys
+    assert status.telemetry is None and "telemetry" not in sent  # telemetry off
