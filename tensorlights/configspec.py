@@ -13,9 +13,10 @@ import dataclasses
 import math
 from collections.abc import Callable, Iterator, Mapping
 from dataclasses import dataclass
-from typing import Any
+from typing import Any, TypeVar
 
-from tensorlights.configfile import duration
+from tensorlights.configfile import E, address, duration, enum_reader, path, text
+from tensorlights.configfile import flag as read_flag
 from tensorlights.errors import ConfigError
 
 Reader = Callable[[Any, str], Any]
@@ -80,6 +81,47 @@ def duration_param(key: str, help: str, default: float, flag: str | None = None)
         metavar="DURATION" if flag else None,
         show=show_duration,
     )
+
+
+def address_param(key: str, help: str, default: tuple[str, int], flag: str | None = None) -> Any:
+    """HOST:PORT."""
+    return param(
+        key,
+        address,
+        help,
+        default=default,
+        flag=flag,
+        metavar="HOST:PORT" if flag else None,
+        show=show_address,
+    )
+
+
+def path_param(
+    key: str, help: str, default: Any, flag: str | None = None, read: Reader = path
+) -> Any:
+    """A file or directory (default None: not set)."""
+    return param(key, read, help, default=default, flag=flag, metavar="PATH" if flag else None)
+
+
+def choice_param(key: str, kind: type[E], help: str, default: E, flag: str | None = None) -> Any:
+    """One of an enum's values (the file and the flag take the value)."""
+    return param(
+        key,
+        enum_reader(kind),
+        help,
+        default=default,
+        flag=flag,
+        choices=tuple(member.value for member in kind),
+    )
+
+
+def flag_param(key: str, help: str, default: bool, flag: str | None = None, **extra: Any) -> Any:
+    """true or false; the flag comes as --name/--no-name."""
+    return param(key, read_flag, help, default=default, flag=flag, **extra)
+
+
+def text_param(key: str, help: str, default: str | None, **extra: Any) -> Any:
+    return param(key, text, help, default=default, **extra)
 
 
 def params(cls: type) -> Iterator[tuple[dataclasses.Field[Any], Param]]:
@@ -182,6 +224,28 @@ def read_fields(cls: type, values: Mapping[str, Any]) -> dict[str, Any]:
         if found:
             read[item.name] = declared.read(found, declared.key.rsplit(".", 1)[0])
     return read
+
+
+C = TypeVar("C")
+
+
+def build(
+    cls: type[C],
+    file_values: Mapping[str, Any],
+    overrides: Mapping[str, Any],
+    rules: Callable[[dict[str, Any]], None] = lambda fields: None,
+) -> C:
+    """A config of `cls`: the file's values with the given flags on top (by file key; None =
+    not given), unknown keys refused, each value read by its declaration, then `rules` (what
+    follows from what was given), then the class's own checks. Absent keys keep defaults."""
+    values = merge(file_values, overrides)
+    check_keys(values, allowed_keys(cls))
+    fields = read_fields(cls, values)
+    rules(fields)
+    try:
+        return cls(**fields)
+    except ValueError as exc:
+        raise ConfigError(str(exc)) from exc
 
 
 def check_ranges(instance: object) -> None:

@@ -14,28 +14,15 @@ from enum import StrEnum
 from pathlib import Path
 from typing import Any, TypeVar
 
+from tensorlights import configspec as spec
 from tensorlights.configfile import (
-    address,
-    enum_reader,
     integer,
     parse_address,
-    path,
     section,
     tls_files,
 )
-from tensorlights.configfile import flag as read_flag
 from tensorlights.configfile import number as read_number
 from tensorlights.configfile import text as read_text
-from tensorlights.configspec import (
-    allowed_keys,
-    check_keys,
-    check_ranges,
-    duration_param,
-    merge,
-    param,
-    read_fields,
-    show_address,
-)
 from tensorlights.datapath.dataplane import Marking
 from tensorlights.discovery.rules import DiscoveryRules, OperatorRule
 from tensorlights.errors import ConfigError, LinkRateUnknownError
@@ -77,20 +64,16 @@ def _dscp_bands(value: Any, key: str) -> tuple[int, ...]:
     return validate_band_dscp(value)
 
 
-def _min_push(value: Any, key: str) -> int:
-    return integer(value, key)
-
-
 @dataclass(frozen=True)
 class AgentConfig:
-    interface: str = param(
+    interface: str = spec.text_param(
         "interface",
-        read_text,
         "Network interface whose egress is shaped, e.g. eth0.",
+        None,
         flag="--interface",
         metavar="DEV",
     )
-    link_rate_bps: int | None = param(
+    link_rate_bps: int | None = spec.param(
         "link_rate",
         _rate,
         "Link capacity, e.g. 200mbit, 10gbit.",
@@ -100,18 +83,19 @@ class AgentConfig:
         default_text="the link's speed from the kernel",
     )
     """None: read the link speed from the kernel at start (fails clearly if it has none)."""
-    policy: PolicyName = param(
+    policy: PolicyName = spec.choice_param(
         "policy",
-        enum_reader(PolicyName),
+        PolicyName,
         "fifo: observe only; static: fixed order (TL-One); rotate: the green light moves every "
         "interval (TL-RR); pack: order by measured demand with a starvation bound "
         "(max_slowdown, starvation_window).",
-        default=PolicyName.PACK,
-        flag="--policy",
-        choices=tuple(PolicyName),
+        PolicyName.PACK,
+        "--policy",
     )
-    interval_s: float = duration_param("interval", "Rotation slot (rotate).", 3.0, "--interval")
-    max_slowdown: float = param(
+    interval_s: float = spec.duration_param(
+        "interval", "Rotation slot (rotate).", 3.0, "--interval"
+    )
+    max_slowdown: float = spec.param(
         "max_slowdown",
         read_number,
         "pack: no job slowed more than this vs running alone, over starvation_window.",
@@ -119,140 +103,117 @@ class AgentConfig:
         check=lambda v: math.isfinite(v) and v > 1,
         rule="must be a number above 1",
     )
-    starvation_window_s: float = duration_param(
+    starvation_window_s: float = spec.duration_param(
         "starvation_window", "pack: the window the slowdown is measured over.", 120.0
     )
-    standalone: bool = param(
+    standalone: bool = spec.flag_param(
         "standalone",
-        read_flag,
         "Decide on this host alone; --no-standalone follows the controller ([controller]).",
-        default=True,
-        flag="--standalone/--no-standalone",
+        True,
+        "--standalone/--no-standalone",
         default_text="true, or false where a controller address is given",
     )
-    controller: str | None = param(
+    controller: str | None = spec.text_param(
         "controller.address",
-        read_text,
         "The controller's HOST:PORT; giving it turns standalone off.",
-        default=None,
+        None,
         flag="--controller",
         metavar="HOST:PORT",
     )
-    controller_tls: TlsFiles | None = param(
+    controller_tls: TlsFiles | None = spec.param(
         ("controller.ca", "controller.cert", "controller.key"),
         tls_files,
         "The CA, this host's client certificate and its key (mutual TLS).",
         default=None,
     )
-    controller_server_name: str | None = param(
+    controller_server_name: str | None = spec.text_param(
         "controller.server_name",
-        read_text,
         "The name the controller's certificate must carry.",
-        default=None,
+        None,
         default_text="the host part of the address",
     )
-    host_name: str = param(
+    host_name: str = spec.param(
         "controller.host",
         read_text,
         "The name this host registers as; its client certificate's common name.",
         default_factory=socket.gethostname,
         default_text="this machine's host name",
     )
-    metrics_address: tuple[str, int] = param(
+    metrics_address: tuple[str, int] = spec.address_param(
         "metrics_address",
-        address,
         "Where /metrics and /healthz are served.",
-        default=("127.0.0.1", DEFAULT_METRICS_PORT),
-        flag="--metrics-address",
-        metavar="HOST:PORT",
-        show=show_address,
+        ("127.0.0.1", DEFAULT_METRICS_PORT),
+        "--metrics-address",
     )
-    status_socket: Path = param(
+    status_socket: Path = spec.path_param(
         "status_socket",
-        path,
         "The local socket `tensorlights-agent status` reads.",
-        default=DEFAULT_STATUS_SOCKET,
-        flag="--status-socket",
-        metavar="PATH",
+        DEFAULT_STATUS_SOCKET,
+        "--status-socket",
     )
-    state_dir: Path = param(
+    state_dir: Path = spec.path_param(
         "state_dir",
-        path,
         "Where the root qdisc we replaced is recorded for cleanup.",
-        default=DEFAULT_STATE_DIR,
-        flag="--state-dir",
-        metavar="DIR",
+        DEFAULT_STATE_DIR,
+        "--state-dir",
     )
-    on_stop: OnStop = param(
+    on_stop: OnStop = spec.choice_param(
         "on_stop",
-        enum_reader(OnStop),
+        OnStop,
         "On SIGTERM: restore the previous qdisc, or leave ours for the next start to adopt.",
-        default=OnStop.RESTORE,
-        flag="--on-stop",
-        choices=tuple(OnStop),
+        OnStop.RESTORE,
+        "--on-stop",
     )
-    scan_interval_s: float = duration_param(
+    scan_interval_s: float = spec.duration_param(
         "scan_interval", "Discovery and reconcile cadence.", 0.25
     )
-    resync_interval_s: float = duration_param(
+    resync_interval_s: float = spec.duration_param(
         "resync_interval", "Full read-back of the kernel state (repairs manual changes).", 30.0
     )
-    health_max_age_s: float = duration_param(
+    health_max_age_s: float = spec.duration_param(
         "health_max_age", "/healthz is 503 when the last good pass is older.", 10.0
     )
-    unmanaged_share: float = param(
+    unmanaged_share: float = spec.param(
         "unmanaged_share",
         read_number,
         "Link share guaranteed to traffic of no job.",
         default=0.05,
     )
-    take_over_foreign_qdisc: bool = param(
-        "take_over_foreign_qdisc",
-        read_flag,
-        "Replace another root qdisc (restored on cleanup).",
-        default=False,
+    take_over_foreign_qdisc: bool = spec.flag_param(
+        "take_over_foreign_qdisc", "Replace another root qdisc (restored on cleanup).", False
     )
-    discovery: DiscoveryRules = param(
+    discovery: DiscoveryRules = spec.param(
         "discovery",
         lambda table, key: _discovery(table),
         "How PS processes are recognised ([discovery] and [[discovery.rule]]).",
         default_factory=DiscoveryRules,
         table=True,
     )
-    dscp_enabled: bool = param(
-        "dscp.enabled",
-        read_flag,
-        "Mark PS packets with their band's DSCP (nftables).",
-        default=True,
+    dscp_enabled: bool = spec.flag_param(
+        "dscp.enabled", "Mark PS packets with their band's DSCP (nftables).", True
     )
-    dscp_bands: tuple[int, ...] = param(
-        "dscp.bands",
-        _dscp_bands,
-        "DSCP of bands 0 (green) .. 6.",
-        default=DEFAULT_BAND_DSCP,
+    dscp_bands: tuple[int, ...] = spec.param(
+        "dscp.bands", _dscp_bands, "DSCP of bands 0 (green) .. 6.", default=DEFAULT_BAND_DSCP
     )
     """DSCP of bands 0..6 (0 = green)."""
-    dscp_on_unsupported: OnUnsupported = param(
+    dscp_on_unsupported: OnUnsupported = spec.choice_param(
         "dscp.on_unsupported",
-        enum_reader(OnUnsupported),
+        OnUnsupported,
         "No nftables here: error refuses to start; warn runs unmarked.",
-        default=OnUnsupported.ERROR,
+        OnUnsupported.ERROR,
     )
-    telemetry_enabled: bool = param(
-        "telemetry.enabled",
-        read_flag,
-        "Straggler telemetry from the PS connections.",
-        default=True,
+    telemetry_enabled: bool = spec.flag_param(
+        "telemetry.enabled", "Straggler telemetry from the PS connections.", True
     )
-    telemetry_sample_interval_s: float = duration_param(
+    telemetry_sample_interval_s: float = spec.duration_param(
         "telemetry.sample_interval",
         "How often tcp_info is sampled; keep it under half the workers' compute time.",
         0.1,
     )
     """Must be under half the workers' compute time to see every push apart."""
-    telemetry_min_push_bytes: int = param(
+    telemetry_min_push_bytes: int = spec.param(
         "telemetry.min_push_bytes",
-        _min_push,
+        integer,
         "Smaller writes are not parameter pushes.",
         default=16 * 1024,
         check=lambda v: v >= 1,
@@ -262,7 +223,7 @@ class AgentConfig:
     def __post_init__(self) -> None:
         if not self.interface:
             raise ConfigError("no interface: set interface in the config file or --interface")
-        check_ranges(self)
+        spec.check_ranges(self)
         if self.policy is PolicyName.PACK and not self.telemetry_enabled:
             raise ConfigError(
                 "policy pack orders jobs by what telemetry measures: enable telemetry"
@@ -289,16 +250,13 @@ class AgentConfig:
 def build_config(file_values: Mapping[str, Any], overrides: Mapping[str, Any]) -> AgentConfig:
     """File values, then the flags that were given (by file key; None = not given), read by
     each parameter's declaration and validated whole. Absent keys keep their defaults."""
-    values = merge(file_values, overrides)
-    check_keys(values, allowed_keys(AgentConfig))
-    fields = read_fields(AgentConfig, values)
-    # Giving the controller's address means following it, unless standalone says otherwise.
-    fields.setdefault("standalone", "controller" not in fields)
-    fields.setdefault("interface", "")
-    try:
-        return AgentConfig(**fields)
-    except ValueError as exc:
-        raise ConfigError(str(exc)) from exc
+
+    def rules(fields: dict[str, Any]) -> None:
+        # Giving the controller's address means following it, unless standalone says otherwise.
+        fields.setdefault("standalone", "controller" not in fields)
+        fields.setdefault("interface", "")
+
+    return spec.build(AgentConfig, file_values, overrides, rules)
 
 
 def marking(config: AgentConfig) -> Marking | None:
