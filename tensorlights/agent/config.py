@@ -72,6 +72,7 @@ class AgentConfig:
         None,
         flag="--interface",
         metavar="DEV",
+        default_text="none: required, here or in the config file",
     )
     link_rate_bps: int | None = spec.param(
         "link_rate",
