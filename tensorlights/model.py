@@ -22,6 +22,22 @@ a launcher's spec, a jobs file, an agent's report)."""
 _HOST_NAME = re.compile(r"^[A-Za-z0-9]([A-Za-z0-9._-]{0,252})$")
 
 
+def visible(text: str) -> str:
+    """`text` with every unprintable character (terminal escapes, newlines) written as its
+    Python escape, e.g. \\x1b: text from processes and agents, shown to an operator."""
+    if text.isprintable():
+        return text
+    return "".join(c if c.isprintable() else c.encode("unicode_escape").decode() for c in text)
+
+
+def interface_name_problem(name: str) -> str | None:
+    """Why `name` is not an interface name we work with, or None. Linux takes any bytes but
+    "/", ":" and white space; we also refuse unprintable ones (they reach terminals)."""
+    if not name or len(name) > 15 or not name.isprintable() or any(c in "/: " for c in name):
+        return f"interface name {visible(name)!r} is not a valid Linux name"
+    return None
+
+
 def job_id_problem(job: str) -> str | None:
     """Why `job` is not a job id, or None when it is one."""
     if not job or len(job) > MAX_JOB_ID or not job.isprintable():
@@ -71,8 +87,8 @@ class DatapathSpec:
     """Priority at which unmanaged traffic borrows beyond its guaranteed share."""
 
     def __post_init__(self) -> None:
-        if not self.interface or len(self.interface) > 15 or "/" in self.interface:
-            raise ConfigError(f"interface name {self.interface!r} is not a valid Linux name")
+        if problem := interface_name_problem(self.interface):
+            raise ConfigError(problem)
         if self.link_rate_bps <= 0:
             raise ConfigError(f"link rate must be positive, got {self.link_rate_bps}")
         if not (math.isfinite(self.unmanaged_share) and 0.0 < self.unmanaged_share <= 0.5):

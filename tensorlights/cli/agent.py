@@ -13,6 +13,7 @@ import click
 from prometheus_client import CollectorRegistry
 from rich.console import Console
 from rich.table import Table
+from rich.text import Text
 
 from tensorlights import __version__
 from tensorlights.agent.app import AgentApp
@@ -27,6 +28,7 @@ from tensorlights.agent.config import (
 )
 from tensorlights.cli.common import (
     echo_json,
+    literal,
     log_level_option,
     overrides,
     param_options,
@@ -254,8 +256,9 @@ def status(socket_path: Path, as_json: bool) -> None:
         return
     status = AgentStatus.from_json(document)
     console.print(
-        f"{status.interface}: policy {status.policy} every {status.interval_s}s, "
-        f"{'healthy' if status.healthy else '[red]UNHEALTHY[/red]'} ({status.health})"
+        literal(f"{status.interface}: policy {status.policy} every {status.interval_s}s, "),
+        Text("healthy") if status.healthy else Text("UNHEALTHY", style="red"),
+        literal(f"({status.health})"),
     )
     shaping = status.shaping
     if status.controller is not None:
@@ -267,12 +270,14 @@ def status(socket_path: Path, as_json: bool) -> None:
         link = status.controller.link
         detail = f" ({link.detail})" if link.detail else ""
         address = status.controller.address
-        console.print(f"controller {address}: {link.state}{detail}; {following}")
+        console.print(literal(f"controller {address}: {link.state}{detail}; {following}"))
     if shaping is not None and shaping.light.green:
         light = shaping.light
         console.print(
-            f"green: {light.green} since {_clock_text(light.green_since)}; "
-            f"next: {light.next or '-'} at {_clock_text(light.next_at)}"
+            literal(
+                f"green: {light.green} since {_clock_text(light.green_since)}; "
+                f"next: {light.next or '-'} at {_clock_text(light.next_at)}"
+            )
         )
     table = Table(title="jobs (band 0 = green)")
     columns = ("band", "job", "PS pids", "ports", "spread p50 ms", "iteration p50 s")
@@ -290,7 +295,7 @@ def status(socket_path: Path, as_json: bool) -> None:
         period = _median([it.period_s for it in measured], "{:.2f}")
         table.add_row(
             str(bands.get(job, "-")),
-            job,
+            literal(job),
             " ".join(map(str, pids)),
             " ".join(map(str, ports.get(job, []))),
             spread,
@@ -298,7 +303,7 @@ def status(socket_path: Path, as_json: bool) -> None:
         )
     console.print(table)
     if status.last_error:
-        console.print(f"[red]last error:[/red] {status.last_error}")
+        console.print(Text("last error: ", style="red"), literal(status.last_error))
 
 
 def _median(values: list[float], fmt: str) -> str:
@@ -344,21 +349,21 @@ def discover(config_path: Path | None, as_json: bool) -> None:
         table.add_column(column, overflow="fold")
     for task in view["tasks"]:
         table.add_row(
-            task["job"],
+            literal(task["job"]),
             str(task["pid"]),
-            task["source"],
+            literal(task["source"]),
             "own" if task["in_agent_netns"] else str(task["netns"]),
             " ".join(map(str, task["listen_ports"])),
             str(len(task["connections"])) + (" (stale)" if task["stale"] else ""),
-            " ".join(task["peers"]),
+            literal(" ".join(task["peers"])),
         )
     console.print(table)
     members = ", ".join(f"{m['job']}: {m['processes']} {m['role']}" for m in view["members"])
-    console.print(f"training processes: {members or 'none'}")
+    console.print(literal(f"training processes: {members or 'none'}"))
     if view["contested_ports"]:
         console.print(f"ports used by several jobs (shaped as none): {view['contested_ports']}")
     for problem in view["problems"]:
-        console.print(f"[yellow]warning:[/yellow] {problem}")
+        console.print(Text("warning: ", style="yellow"), literal(problem))
 
 
 @main.command()

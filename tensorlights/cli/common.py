@@ -10,9 +10,11 @@ from collections.abc import Callable
 from typing import Any, TypeVar
 
 import click
+from rich.text import Text
 
 from tensorlights.configspec import help_text, params
 from tensorlights.errors import ConfigError, TensorLightsError
+from tensorlights.model import visible
 
 F = TypeVar("F", bound=Callable[..., Any])
 
@@ -36,6 +38,13 @@ def reports_errors(func: F) -> F:
             sys.exit(1)
 
     return wrapper  # type: ignore[return-value]
+
+
+def literal(value: object) -> Text:
+    """A data cell as it is: never read as Rich markup (a job may be named "[/bold]"), and
+    with terminal escapes shown as \\x1b instead of sent to the operator's terminal. Every
+    value that comes from a process, an agent or a resource manager goes through this."""
+    return Text(visible(str(value)))
 
 
 def echo_json(data: Any) -> None:

@@ -14,9 +14,10 @@ import click
 from rich.console import Console, Group
 from rich.live import Live
 from rich.table import Table
+from rich.text import Text
 
 from tensorlights import __version__
-from tensorlights.cli.common import echo_json, reports_errors
+from tensorlights.cli.common import echo_json, literal, reports_errors
 from tensorlights.controller.config import DEFAULT_SOCKET
 from tensorlights.rpc.operator_client import OperatorClient
 from tensorlights.tls_files import TlsFiles
@@ -110,14 +111,14 @@ def jobs_table(jobs: list[dict[str, Any]]) -> Table:
         table.add_column(column)
     for job in jobs:
         table.add_row(
-            job["job"],
-            job["name"] or "-",
-            ",".join(job["sources"]),
-            ",".join(job["ps_hosts"]) or "-",
+            literal(job["job"]),
+            literal(job["name"] or "-"),
+            literal(",".join(job["sources"])),
+            literal(",".join(job["ps_hosts"]) or "-"),
             f"{job['green_share']:.0%}" if job["ps_hosts"] else "-",
             _seconds(job["spread_s"]),
             _seconds(job["period_s"]),
-            job["state"],
+            literal(job["state"]),
         )
     return table
 
@@ -128,13 +129,13 @@ def hosts_table(hosts: list[dict[str, Any]], now: float) -> Table:
         table.add_column(column)
     for host in hosts:
         table.add_row(
-            host["host"],
-            "connected" if host["connected"] else "[red]disconnected[/red]",
-            host["mode"],
+            literal(host["host"]),
+            "connected" if host["connected"] else Text("disconnected", style="red"),
+            literal(host["mode"]),
             str(len(host["jobs"])),
             _ago(host["last_report_at"], now),
             str(host["plan_generation"]),
-            host["health"] or "ok",
+            literal(host["health"] or "ok"),
         )
     return table
 
@@ -145,16 +146,14 @@ def rotations_table(rotations: dict[str, Any], history: int) -> Table:
     for column in ("HOST", "GREEN", "SINCE", "NEXT", "AT", "RECENT (applied)"):
         table.add_column(column)
     for host in rotations["hosts"]:
-        recent = [f"{r['green']} {_ago(r['applied_at'], now)}" for r in host["recent"][-history:]][
-            ::-1
-        ]
+        recent = [f"{r['green']} {_ago(r['applied_at'], now)}" for r in host["recent"][-history:]]
         table.add_row(
-            host["host"],
-            host["green"] or "-",
+            literal(host["host"]),
+            literal(host["green"] or "-"),
             _ago(host["green_since"], now),
-            host["next"] or "-",
+            literal(host["next"] or "-"),
             _ago(host["next_at"], now),
-            "\n".join(recent) or "-",
+            Text("\n").join(literal(line) for line in reversed(recent)) if recent else "-",
         )
     return table
 

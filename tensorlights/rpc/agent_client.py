@@ -27,6 +27,7 @@ from tensorlights.model import (
     PlanSlots,
     Registration,
     ReportedJob,
+    visible,
 )
 from tensorlights.rpc import convert
 from tensorlights.rpc.convert import InvalidMessage
@@ -185,7 +186,7 @@ class ControllerLink:
         with self._lock:
             rotations, self._rotations = self._rotations, []
             report = HostReport(
-                session, seq, self._jobs, tuple(rotations), self._mode, self._health[:1000]
+                session, seq, self._jobs, tuple(rotations), self._mode, visible(self._health)[:1000]
             )
         try:
             stub.Report(convert.report_message(report), timeout=RPC_TIMEOUT_S)

@@ -8,7 +8,6 @@ numbers and oversized lists all raise `InvalidMessage` (the servers answer INVAL
 from __future__ import annotations
 
 import math
-import re
 from collections.abc import Callable, Sequence
 from typing import TypeVar
 
@@ -23,7 +22,9 @@ from tensorlights.model import (
     Registration,
     ReportedJob,
     host_name_problem,
+    interface_name_problem,
     job_id_problem,
+    visible,
 )
 from tensorlights.policy.bands import PolicyName
 from tensorlights.rpc.v1 import agent_link_pb2 as pb
@@ -37,8 +38,6 @@ MAX_PORTS_PER_JOB = 65535
 MAX_ROTATIONS_PER_REPORT = 1024
 MAX_INTERFACES = 64
 MAX_TEXT = 1024
-
-_INTERFACE = re.compile(r"^[^/\s]{1,15}$")
 
 
 class InvalidMessage(ValueError):
@@ -72,8 +71,11 @@ def _check_count(what: str, items: Sequence[object], limit: int) -> None:
 
 
 def _check_text(what: str, text: str) -> str:
+    """Free text an agent sends (shown to operators): bounded and printable."""
     if len(text) > MAX_TEXT:
         raise InvalidMessage(f"{what} is longer than {MAX_TEXT} characters")
+    if not text.isprintable():
+        raise InvalidMessage(f"{what} has unprintable characters: {visible(text)[:80]!r}")
     return text
 
 
@@ -98,8 +100,8 @@ def registration(data: bytes) -> Registration:
     _check_count("interfaces", message.interfaces, MAX_INTERFACES)
     interfaces = []
     for interface in message.interfaces:
-        if not _INTERFACE.match(interface.name):
-            raise InvalidMessage(f"interface name {interface.name[:40]!r} is not a Linux name")
+        if problem := interface_name_problem(interface.name):
+            raise InvalidMessage(problem)
         interfaces.append((interface.name, int(interface.link_rate_bps)))
     if message.fallback_policy not in set(PolicyName):
         allowed = ", ".join(PolicyName)
