@@ -68,15 +68,25 @@ def param(
     )
 
 
-def duration_param(key: str, help: str, default: float, flag: str | None = None) -> Any:
-    """A positive duration ("3s", "500ms", or seconds as a number)."""
+def duration_param(
+    key: str,
+    help: str,
+    default: float,
+    flag: str | None = None,
+    *,
+    low: float,
+    high: float,
+    rule: str | None = None,
+) -> Any:
+    """A duration ("3s", "500ms", or seconds as a number) in [low, high]: no busy loop from
+    "1ns", no timer that never fires from 1e308 s."""
     return param(
         key,
         duration,
         help,
         default=default,
-        check=positive,
-        rule="must be a positive duration",
+        check=lambda value: low <= value <= high,
+        rule=rule or f"must be between {show_duration(low)} and {show_duration(high)}",
         flag=flag,
         metavar="DURATION" if flag else None,
         show=show_duration,
@@ -270,9 +280,12 @@ def help_text(item: dataclasses.Field[Any], declared: Param) -> str:
 
 
 def show_duration(seconds: float) -> str:
-    """3.0 -> "3s", 0.25 -> "250ms" (as the example files write durations)."""
+    """3.0 -> "3s", 0.25 -> "250ms", 3600 -> "1h" (as the example files write durations)."""
     if seconds < 1:
         return f"{seconds * 1000:g}ms"
+    for unit, size in (("h", 3600), ("m", 60)):
+        if seconds >= size and seconds % size == 0:
+            return f"{seconds / size:g}{unit}"
     return f"{seconds:g}s"
 
 

@@ -36,6 +36,9 @@ E = TypeVar("E", bound=StrEnum)
 
 DEFAULT_CONFIG = Path("/etc/tensorlights/agent.toml")
 DEFAULT_METRICS_PORT = 9731
+MIN_LINK_RATE = 1_000
+MAX_LINK_RATE = 10**13
+"""10 tbit: above any NIC, far below where the kernel's 64-bit byte rates overflow."""
 DEFAULT_STATUS_SOCKET = Path("/run/tensorlights/agent.sock")
 DEFAULT_STATE_DIR = Path("/var/lib/tensorlights")
 
@@ -79,6 +82,8 @@ class AgentConfig:
         _rate,
         "Link capacity, e.g. 200mbit, 10gbit.",
         default=None,
+        check=lambda bits: MIN_LINK_RATE <= bits <= MAX_LINK_RATE,
+        rule="must be between 1kbit and 10tbit",
         flag="--link-rate",
         metavar="RATE",
         default_text="the link's speed from the kernel",
@@ -94,7 +99,7 @@ class AgentConfig:
         "--policy",
     )
     interval_s: float = spec.duration_param(
-        "interval", "Rotation slot (rotate).", 3.0, "--interval"
+        "interval", "Rotation slot (rotate).", 3.0, "--interval", low=0.1, high=3600.0
     )
     max_slowdown: float = spec.param(
         "max_slowdown",
@@ -105,7 +110,11 @@ class AgentConfig:
         rule="must be a number above 1",
     )
     starvation_window_s: float = spec.duration_param(
-        "starvation_window", "pack: the window the slowdown is measured over.", 120.0
+        "starvation_window",
+        "pack: the window the slowdown is measured over.",
+        120.0,
+        low=1.0,
+        high=86400.0,
     )
     standalone: bool = spec.flag_param(
         "standalone",
@@ -166,13 +175,21 @@ class AgentConfig:
         "--on-stop",
     )
     scan_interval_s: float = spec.duration_param(
-        "scan_interval", "Discovery and reconcile cadence.", 0.25
+        "scan_interval", "Discovery and reconcile cadence.", 0.25, low=0.01, high=60.0
     )
     resync_interval_s: float = spec.duration_param(
-        "resync_interval", "Full read-back of the kernel state (repairs manual changes).", 30.0
+        "resync_interval",
+        "Full read-back of the kernel state (repairs manual changes).",
+        30.0,
+        low=1.0,
+        high=3600.0,
     )
     health_max_age_s: float = spec.duration_param(
-        "health_max_age", "/healthz is 503 when the last good pass is older.", 10.0
+        "health_max_age",
+        "/healthz is 503 when the last good pass is older.",
+        10.0,
+        low=1.0,
+        high=3600.0,
     )
     unmanaged_share: float = spec.param(
         "unmanaged_share",
@@ -181,7 +198,10 @@ class AgentConfig:
         default=0.05,
     )
     take_over_foreign_qdisc: bool = spec.flag_param(
-        "take_over_foreign_qdisc", "Replace another root qdisc (restored on cleanup).", False
+        "take_over_foreign_qdisc",
+        "Replace another root qdisc (restored on cleanup).",
+        False,
+        "--take-over-foreign-qdisc/--no-take-over-foreign-qdisc",
     )
     discovery: DiscoveryRules = spec.param(
         "discovery",
@@ -210,6 +230,8 @@ class AgentConfig:
         "telemetry.sample_interval",
         "How often tcp_info is sampled; keep it under half the workers' compute time.",
         0.1,
+        low=0.005,
+        high=10.0,
     )
     """Must be under half the workers' compute time to see every push apart."""
     telemetry_min_push_bytes: int = spec.param(

@@ -63,9 +63,17 @@ class ControllerConfig:
         Path("/var/lib/tensorlights-controller"),
         "--state-dir",
     )
-    slot_s: float = spec.duration_param("slot", "Rotation slot length (rotate).", 3.0, "--slot")
+    slot_s: float = spec.duration_param(
+        "slot",
+        "Rotation slot length (rotate).",
+        3.0,
+        "--slot",
+        low=0.1,
+        high=3600.0,
+        rule="must be at least 100ms (agents switch within a few ms) and at most 1h",
+    )
     lease_s: float = spec.duration_param(
-        "lease", "How long a plan holds unrenewed.", 15.0, "--lease"
+        "lease", "How long a plan holds unrenewed.", 15.0, "--lease", low=1.0, high=86400.0
     )
     policy: ClusterPolicy = spec.choice_param(
         "policy",
@@ -76,10 +84,14 @@ class ControllerConfig:
         "--policy",
     )
     report_interval_s: float = spec.duration_param(
-        "report_interval", "How often agents report.", 1.0
+        "report_interval", "How often agents report.", 1.0, low=0.1, high=3600.0
     )
     host_timeout_s: float = spec.duration_param(
-        "host_timeout", "A disconnected host's jobs are forgotten after this.", 30.0
+        "host_timeout",
+        "A disconnected host's jobs are forgotten after this.",
+        30.0,
+        low=1.0,
+        high=86400.0,
     )
     slurm: bool = spec.flag_param(
         "sources.slurm.enabled", "Poll Slurm (squeue --json).", False, "--slurm/--no-slurm"
@@ -91,7 +103,7 @@ class ControllerConfig:
         default=("squeue", "--json"),
     )
     slurm_interval_s: float = spec.duration_param(
-        "sources.slurm.interval", "How often Slurm is polled.", 5.0
+        "sources.slurm.interval", "How often Slurm is polled.", 5.0, low=0.1, high=3600.0
     )
     jobs_file: Path | None = spec.path_param(
         "sources.static.file",
@@ -116,14 +128,12 @@ class ControllerConfig:
         "sources.kubernetes.ca_file", "CA of the API server.", None
     )
     kubernetes_interval_s: float = spec.duration_param(
-        "sources.kubernetes.interval", "How often Kubernetes is polled.", 5.0
+        "sources.kubernetes.interval", "How often Kubernetes is polled.", 5.0, low=0.1, high=3600.0
     )
 
     def __post_init__(self) -> None:
         spec.check_ranges(self)
         self.tls.read("tls")  # unreadable files: refuse to start
-        if self.slot_s < 0.1:
-            raise ConfigError("slot must be at least 100ms (agents switch within a few ms)")
         if self.lease_s < 3 * self.report_interval_s:
             raise ConfigError("lease must be at least three report intervals")
 

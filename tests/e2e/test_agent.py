@@ -158,6 +158,8 @@ def test_sigkill_and_restart_under_load_adopts_without_resets(
         ("unmanaged_share = 0.9\n", (), "unmanaged_share 0.9 must be in"),
         ('intervall = "2s"\n', (), "unknown config keys: intervall"),
         ("", ("--interval", "-3s"), "duration"),
+        ("", ("--link-rate", "99999999999999tbit"), "link_rate must be between"),
+        ('scan_interval = "1ns"\n', (), "scan_interval must be between"),
         ('[discovery]\n[[discovery.rule]]\nname = "x"\nrole = "ps"\njob = "j"\n', (), "rule x"),
     ],
 )
