@@ -19,12 +19,7 @@ from tensorlights.errors import ConfigError
 
 
 def _durations(config_class: type) -> list[str]:
-    return [
-        declared.key
-        for _, declared in params(config_class)
-        if declared.metavar == "DURATION"
-        or ("must be between" in declared.rule and declared.key != "link_rate")
-    ]
+    return [declared.key for _, declared in params(config_class) if declared.show is show_duration]
 
 
 def _tls(tmp_path: Path) -> dict[str, str]:
