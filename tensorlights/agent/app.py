@@ -16,6 +16,7 @@ Lifecycle:
 
 from __future__ import annotations
 
+import contextlib
 import logging
 import signal
 import threading
@@ -87,19 +88,37 @@ class AgentApp:
 
     def run(self) -> int:
         config = self.config
-        tc = open_datapath(
-            "htb", config.state_dir, take_over_foreign=config.take_over_foreign_qdisc
-        )
-        tc.link(config.interface)  # InterfaceNotFoundError now, before anything else
-        dataplane = Dataplane(tc, marking=marking(config))
-        self.metrics.dscp_enabled.set(dataplane.marking)
-        scanner = Scanner(config.discovery)
-        sampler = self._sampler(config)
-        loads = (lambda: sampler.loads(self.config.link_rate_bps or 1)) if sampler else dict
-        reconciler = Reconciler(config, scanner, dataplane, self._clock, loads)
-        board = StatusBoard()
-        metrics_server = MetricsServer(config.metrics_address, self.registry, self.health)
-        status_server = StatusServer(config.status_socket, board)
+        with contextlib.ExitStack() as setup:  # a refusal leaves nothing behind
+            board = StatusBoard()
+            # Bound first: a taken address or socket refuses before the kernel is touched.
+            metrics_server = MetricsServer(config.metrics_address, self.registry, self.health)
+            setup.callback(metrics_server.close)
+            status_server = StatusServer(config.status_socket, board)
+            setup.callback(status_server.close)
+            tc = open_datapath(
+                "htb", config.state_dir, take_over_foreign=config.take_over_foreign_qdisc
+            )
+            setup.callback(tc.sock.close)
+            tc.link(config.interface)  # InterfaceNotFoundError now, before anything else
+            dataplane = Dataplane(tc, marking=marking(config))
+            setup.callback(dataplane.set_marking, None)  # the table its probe made
+            self.metrics.dscp_enabled.set(dataplane.marking)
+            scanner = Scanner(config.discovery)
+            setup.callback(scanner.close)
+            sampler = self._sampler(config)
+            loads = (lambda: sampler.loads(self.config.link_rate_bps or 1)) if sampler else dict
+            reconciler = Reconciler(config, scanner, dataplane, self._clock, loads)
+            link = None
+            if not config.standalone:
+                link = ControllerBinding(
+                    config,
+                    time.time_ns(),  # the incarnation: a later start's registrations order after
+                    self._clock,
+                    self._wall,
+                    self._wake.set,
+                    self.metrics.controller_connected.set,
+                )
+            setup.pop_all()  # started: the shutdown below closes them
         self.registry.register(
             KernelCounters(
                 lambda: dataplane.class_counters(self.config.interface),
@@ -107,16 +126,6 @@ class AgentApp:
             )
         )
         self.metrics.controller_connected.set(0)
-        link = None
-        if not config.standalone:
-            link = ControllerBinding(
-                config,
-                time.time_ns(),  # the incarnation: a later start's registrations order after
-                self._clock,
-                self._wall,
-                self._wake.set,
-                self.metrics.controller_connected.set,
-            )
         observers = Observers(self.metrics, self.health, self.notifier, board, link, sampler)
         loop = AgentLoop(config, reconciler, observers, self._clock, self._wall)
         for part in (metrics_server, status_server, sampler, link):

@@ -40,6 +40,17 @@ class StatusBoard:
         return json.dumps(self.document(), sort_keys=True).encode()
 
 
+def _answers(path: Path) -> bool:
+    """Whether a process listens on the Unix socket at `path` (else it is stale)."""
+    with socket.socket(socket.AF_UNIX, socket.SOCK_STREAM) as probe:
+        probe.settimeout(1.0)
+        try:
+            probe.connect(str(path))
+        except OSError:
+            return False
+        return True
+
+
 class StatusServer:
     def __init__(self, path: Path, board: StatusBoard) -> None:
         self.path = path
@@ -47,6 +58,11 @@ class StatusServer:
         try:
             path.parent.mkdir(mode=0o750, parents=True, exist_ok=True)
             if path.is_socket():
+                if _answers(path):
+                    raise ConfigError(
+                        f"another agent serves its status on {path}: stop it, or give this "
+                        "one another status_socket"
+                    )
                 path.unlink()  # a stale socket from a killed agent
             self._sock = socket.socket(socket.AF_UNIX, socket.SOCK_STREAM | socket.SOCK_CLOEXEC)
             old_umask = os.umask(0o117)

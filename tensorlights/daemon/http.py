@@ -10,6 +10,7 @@ from http.server import BaseHTTPRequestHandler, ThreadingHTTPServer
 from prometheus_client import CONTENT_TYPE_LATEST, CollectorRegistry, generate_latest
 
 from tensorlights.daemon.health import Health
+from tensorlights.errors import ConfigError
 
 
 class MetricsServer:
@@ -40,8 +41,6 @@ class MetricsServer:
         try:
             self._server = ThreadingHTTPServer(address, Handler)
         except OSError as exc:
-            from tensorlights.errors import ConfigError
-
             raise ConfigError(
                 f"cannot serve metrics on {address[0]}:{address[1]}: {exc.strerror}"
             ) from exc
@@ -59,5 +58,6 @@ class MetricsServer:
         self._thread.start()
 
     def close(self) -> None:
-        self._server.shutdown()
+        if self._thread.is_alive():  # shutdown() waits for serve_forever: never if not started
+            self._server.shutdown()
         self._server.server_close()

@@ -176,6 +176,42 @@ def test_bad_config_refuses_to_start_and_programs_nothing(
     assert not (tmp_path / "agent.sock").exists()
 
 
+def _our_nft_table(ns: str) -> bool:
+    tables = netns.run(["ip", "netns", "exec", ns, "nft", "list", "tables"]).stdout
+    return "table inet tensorlights" in tables
+
+
+def test_a_refused_start_leaves_nothing_and_takes_no_other_agents_socket(
+    pair: netns.HostPair, tmp_path: Path
+) -> None:
+    """A taken metrics address refuses the start (exit 2) before the kernel is touched: no
+    nftables table, no qdisc. A second agent on a live agent's status socket is refused and
+    the first one keeps serving."""
+    from tensorlights.testbed.socket_holder import start_holder
+
+    holder = start_holder({}, "--port", "9731", prefix=pair.a.exec_args())
+    try:
+        refused = AgentProcess(pair, tmp_path)
+        code = refused.proc.wait(timeout=30)
+        refused.stop()
+    finally:
+        holder.stop()
+    assert code == 2 and "cannot serve metrics on 127.0.0.1:9731" in refused.log_text()
+    assert not _our_nft_table(pair.a.ns)
+    assert root_qdisc(pair.a.ns, "veth-a")["kind"] == "noqueue"
+
+    first = AgentProcess(pair, tmp_path, metrics="127.0.0.1:9732")
+    try:
+        first.wait_status(lambda d: "last_pass" in d)
+        second = AgentProcess(pair, tmp_path, metrics="127.0.0.1:9733")
+        code = second.proc.wait(timeout=30)
+        second.stop()
+        assert code == 2 and "another agent serves its status" in second.log_text()
+        assert first.status() is not None and first.proc.poll() is None
+    finally:
+        first.stop()
+
+
 def test_missing_interface_is_a_clear_error(pair: netns.HostPair, tmp_path: Path) -> None:
     agent = AgentProcess(pair, tmp_path, "--interface", "nosuch0")
     code = agent.proc.wait(timeout=30)
