@@ -27,6 +27,10 @@ def read_config_file(path: Path, required: bool) -> dict[str, Any]:
         return {}
     except tomllib.TOMLDecodeError as exc:
         raise ConfigError(f"config file {path}: {exc}") from exc
+    except UnicodeDecodeError as exc:
+        raise ConfigError(f"config file {path} is not UTF-8 text: {exc.reason}") from exc
+    except RecursionError:
+        raise ConfigError(f"config file {path} nests too deeply") from None
     except OSError as exc:
         raise ConfigError(f"config file {path}: {exc.strerror}") from exc
 

@@ -5,10 +5,11 @@ from __future__ import annotations
 import contextlib
 import functools
 import json
+import os
 import time
 from collections.abc import Callable, Iterator
 from pathlib import Path
-from typing import Any, TypeVar
+from typing import TYPE_CHECKING, Any, TypeVar
 
 import click
 from rich.console import Console, Group
@@ -18,10 +19,13 @@ from rich.text import Text
 
 from tensorlights import __version__
 from tensorlights.cli.common import echo_json, literal, reports_errors
+from tensorlights.configfile import parse_address
 from tensorlights.controller.config import DEFAULT_SOCKET
-from tensorlights.rpc.operator_client import OperatorClient
 from tensorlights.tls_files import TlsFiles
 from tensorlights.units import parse_duration
+
+if TYPE_CHECKING:  # imported when connecting: grpc must load after GRPC_VERBOSITY is set
+    from tensorlights.rpc.operator_client import OperatorClient
 
 F = TypeVar("F", bound=Callable[..., Any])
 
@@ -45,6 +49,7 @@ F = TypeVar("F", bound=Callable[..., Any])
 @click.option("--server-name", help="With --controller: name in the controller's certificate.")
 @click.option("--timeout", default="5s", show_default=True, help="Per-request deadline.")
 @click.pass_context
+@reports_errors
 def main(
     ctx: click.Context,
     socket_path: Path,
@@ -65,9 +70,16 @@ def main(
     Every view takes --json. Options can come from the environment: TLCTL_SOCKET,
     TLCTL_CONTROLLER, TLCTL_CA, TLCTL_CERT, TLCTL_KEY.
     """
+    # gRPC's C core would log its own lines about a refused handshake before ours; it reads
+    # this when grpc is imported, which happens only once connect() runs.
+    os.environ.setdefault("GRPC_VERBOSITY", "NONE")
+    if controller is not None:
+        parse_address(controller)  # HOST:PORT, or a one-line error (exit 2)
     tls = TlsFiles(ca, cert, key) if ca and cert and key else None
 
     def connect() -> OperatorClient:
+        from tensorlights.rpc.operator_client import OperatorClient
+
         return OperatorClient(
             socket_path=socket_path,
             address=controller,
