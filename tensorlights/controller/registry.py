@@ -30,6 +30,16 @@ class StaleMessage(Exception):
     """A replayed or out-of-order registration or report (FAILED_PRECONDITION)."""
 
 
+class FutureIncarnation(StaleMessage):
+    """A registration whose agent start lies ahead of the controller's clock: taken, it would
+    lock out every later start of the real agent (FAILED_PRECONDITION)."""
+
+
+MAX_INCARNATION_AHEAD_S = 300.0
+"""How far an agent's start time (its incarnation) may be ahead of the controller's clock: the
+slots already need NTP-synchronised clocks, so five minutes is generous skew."""
+
+
 class UnknownSession(Exception):
     """A session this controller does not know (it restarted): register again (NOT_FOUND)."""
 
@@ -95,6 +105,13 @@ class Registry:
     # Agents ------------------------------------------------------------------------------
 
     def register(self, registration: Registration, now: float) -> HostRecord:
+        ahead_s = registration.incarnation / 1e9 - now
+        if ahead_s > MAX_INCARNATION_AHEAD_S:
+            raise FutureIncarnation(
+                f"host {registration.host}: incarnation {registration.incarnation} is an agent "
+                f"start {ahead_s:.0f}s ahead of the controller's clock (at most "
+                f"{MAX_INCARNATION_AHEAD_S:.0f}s): check NTP on both"
+            )
         current = self.hosts.get(registration.host)
         if current is not None and registration.incarnation < current.registration.incarnation:
             raise StaleMessage(

@@ -119,6 +119,10 @@ def test_bad_messages_are_refused_and_change_nothing(
     assert call(channel, "AgentLink/Register", registration(incarnation=99))[0] is (
         Code.FAILED_PRECONDITION
     )
+    # An agent start from the far future would lock every later real start out.
+    assert call(channel, "AgentLink/Register", registration(incarnation=2**64 - 1))[0] is (
+        Code.FAILED_PRECONDITION
+    )
     unknown = report("no-such-session", 5, pb.PsJob(job="x", ports=[7000]))
     assert call(channel, "AgentLink/Report", unknown)[0] is Code.NOT_FOUND
     assert [job["job"] for job in controller.query("jobs")] == ["j1"]

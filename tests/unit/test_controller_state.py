@@ -14,7 +14,7 @@ from tensorlights.controller.registry import Registry, SourceJob, StaleMessage, 
 from tensorlights.controller.sources import parse_jobs_file, parse_pod_list
 from tensorlights.discovery.rules import launcher_job
 from tensorlights.errors import ConfigError
-from tensorlights.model import HostReport, PlanSlots, Registration, ReportedJob
+from tensorlights.model import HostReport, Mode, PlanSlots, Registration, ReportedJob
 from tensorlights.rpc import convert
 from tensorlights.rpc.convert import InvalidMessage
 from tensorlights.rpc.v1 import agent_link_pb2 as pb
@@ -225,3 +225,21 @@ def test_controller_config(tmp_path: Path) -> None:
     ):
         with pytest.raises(ConfigError, match=message):
             build_config(values, {})
+
+
+def test_a_registration_from_the_future_cannot_lock_the_real_agent_out() -> None:
+    """Incarnations are agent start times: one far ahead of the controller's clock (2^64-1)
+    is refused, so the real agent's next start still orders after every accepted one."""
+    from tensorlights.controller.registry import FutureIncarnation
+
+    registry = Registry()
+    now = 1_700_000_000.0
+    with pytest.raises(FutureIncarnation, match="ahead of the controller's clock"):
+        registry.register(reg("a", incarnation=2**64 - 1), now=now)
+    assert "a" not in registry.hosts
+    registry.register(reg("a", incarnation=int((now + 60) * 1e9)), now=now)  # skew is fine
+    real = registry.register(reg("a", incarnation=int((now + 61) * 1e9)), now=now + 1)
+    # A report with the largest seq only ends its own session: the agent registers again.
+    registry.report(HostReport(real.session, 2**64 - 1, (), (), Mode.LOCAL, ""), now + 2)
+    again = registry.register(reg("a", incarnation=int((now + 61) * 1e9)), now=now + 3)
+    assert registry.report(HostReport(again.session, 1, (), (), Mode.LOCAL, ""), now + 4)
