@@ -156,7 +156,8 @@ class AgentMetrics:
         for job, band in bands.items():
             self.job_band.labels(job).set(band)
             self.green_seconds.labels(job)  # the series exists from the job's first pass
-        if green is not None and green_for_s > 0:
+        # A job that ended while green has no series left to count into (bounded labels).
+        if green is not None and green_for_s > 0 and green in bands:
             self.green_seconds.labels(green).inc(green_for_s)
         self._jobs_with_series = set(bands)
         self.jobs.set(len(bands))

@@ -9,12 +9,13 @@ two writes of one call.
 from __future__ import annotations
 
 import logging
+from collections.abc import Callable
 from dataclasses import dataclass
 
 from tensorlights.datapath.dscp import DscpMarker
 from tensorlights.datapath.htb import ApplyResult, HtbDatapath, LinkInfo, PlannedChange
 from tensorlights.datapath.nft import Nft
-from tensorlights.errors import UnsupportedKernelError
+from tensorlights.errors import TensorLightsError, UnsupportedKernelError
 from tensorlights.model import DatapathSpec
 from tensorlights.policy.dscp_plan import desired_dscp
 
@@ -104,11 +105,18 @@ class Dataplane:
 
     def cleanup(self, interface: str) -> str:
         """Remove our qdisc (restoring the one before) and our nftables table; what was done.
-        Only ours is touched."""
-        outcome = self.tc.cleanup(interface)
-        if self._marks is not None and self._marks.cleanup():
-            outcome += "; removed nftables table inet tensorlights"
-        return outcome
+        Only ours is touched, and every step runs whatever an earlier one raised."""
+        marks = self._marks
+        return "; ".join(
+            every_step(
+                lambda: self.tc.cleanup(interface),
+                lambda: (
+                    "removed nftables table inet tensorlights"
+                    if marks is not None and marks.cleanup()
+                    else None
+                ),
+            )
+        )
 
     def close(self) -> None:
         self.tc.sock.close()
@@ -116,14 +124,32 @@ class Dataplane:
             self._marks.close()
 
 
+def every_step(*steps: Callable[[], str | None]) -> list[str]:
+    """Run every cleanup step whatever an earlier one raised (marks left behind would keep
+    marking packets with no agent running); what they did, then the first error, if any."""
+    done: list[str] = []
+    errors: list[TensorLightsError] = []
+    for step in steps:
+        try:
+            if outcome := step():
+                done.append(outcome)
+        except TensorLightsError as exc:
+            errors.append(exc)
+    if errors:
+        raise errors[0]
+    return done
+
+
 def remove_everything(tc: HtbDatapath, interface: str, netns: str | None = None) -> list[str]:
     """`tensorlights-agent cleanup`: our qdisc and our nftables table, whatever a config says
     about marking; what was done, a line each."""
-    done = [tc.cleanup(interface)]
     marks = DscpMarker(Nft(netns))
     try:
-        if marks.cleanup():
-            done.append("removed nftables table inet tensorlights (DSCP marks)")
+        return every_step(
+            lambda: tc.cleanup(interface),
+            lambda: (
+                "removed nftables table inet tensorlights (DSCP marks)" if marks.cleanup() else None
+            ),
+        )
     finally:
         marks.close()
-    return done

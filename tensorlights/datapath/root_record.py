@@ -57,4 +57,10 @@ class RootQdiscRecords:
             ) from exc
 
     def forget(self, interface: str) -> None:
-        self._path(interface).unlink(missing_ok=True)
+        path = self._path(interface)
+        try:
+            path.unlink(missing_ok=True)
+        except OSError as exc:
+            raise PermanentError(
+                f"cannot remove {path} ({exc.strerror}): the state directory must be writable"
+            ) from exc

@@ -3,6 +3,7 @@ in that order, with each job's marks keyed to the u32 table tc gave it."""
 
 from __future__ import annotations
 
+import subprocess
 from collections.abc import Iterator
 from pathlib import Path
 
@@ -12,6 +13,7 @@ from tensorlights.datapath import open_datapath
 from tensorlights.datapath.dataplane import Dataplane, Marking
 from tensorlights.datapath.dscp import DscpMarker
 from tensorlights.datapath.nft import Nft
+from tensorlights.errors import PermanentError
 from tensorlights.model import DatapathSpec, JobShaping
 from tensorlights.policy.dscp_plan import DEFAULT_BAND_DSCP, chain_name
 from tensorlights.testbed import netns
@@ -85,3 +87,26 @@ def test_marking_turned_off_removes_only_the_marks(
     dataplane.set_marking(Marking(DEFAULT_BAND_DSCP))
     dataplane.apply(_spec(interface, {"a": 0, "b": 1}))
     assert _marks(pair) == {5001: 34, 40001: 34, 5002: 26}
+
+
+def test_cleanup_finishes_every_step_when_one_fails(
+    pair: netns.HostPair, dataplane: Dataplane, tmp_path: Path
+) -> None:
+    """The state directory cannot be written (immutable): the record of the old qdisc cannot
+    be removed, but the qdisc and the marks still go, and the error says why."""
+    interface = pair.a.ifname
+    dataplane.apply(_spec(interface, {"a": 0, "b": 1}))
+    state = tmp_path / "state"
+    if subprocess.run(["chattr", "+i", str(state)], capture_output=True).returncode != 0:
+        pytest.skip("this file system has no immutable attribute (chattr +i)")
+    try:
+        with pytest.raises(PermanentError, match="state directory must be writable"):
+            dataplane.cleanup(interface)
+    finally:
+        subprocess.run(["chattr", "-i", str(state)], check=True)
+    reader = DscpMarker(Nft(pair.a.ns))
+    try:
+        assert not reader.table_exists()  # the marks went although the tc step raised
+    finally:
+        reader.close()
+    assert dataplane.tc.read_actual(dataplane.link(interface).ifindex).root_kind != "htb"

@@ -314,3 +314,22 @@ def test_the_loop_publishes_a_typed_status_that_reads_back_as_it_was_sent() -> N
     assert [r.job for r in status.recent_rotations] == ["a", "b"]
     assert sent["rotations"]["green"] == "b" and sent["mode"] == "local"  # the JSON keys
     assert status.telemetry is None and "telemetry" not in sent  # telemetry off
+
+
+def test_a_job_that_ends_while_green_leaves_no_metric_series() -> None:
+    """Labels stay bounded: a job gone from the host has no series, even the one that held
+    the green light when it ended (it used to be re-created by its last green interval)."""
+    clock = Clock()
+    reconciler, _, scanner, _ = _reconciler(clock=clock)
+    app = _loop(reconciler, clock)
+    app.step()
+    clock.now += 0.25
+    app.step()
+    green = "tensorlights_green_seconds_total"
+    assert app.registry.get_sample_value(green, {"job": "a"}) == pytest.approx(0.25)
+    scanner.jobs.remove("a")  # the green job ends
+    clock.now += 0.25
+    app.step()
+    assert app.registry.get_sample_value(green, {"job": "a"}) is None
+    assert app.registry.get_sample_value("tensorlights_job_band", {"job": "a"}) is None
+    assert app.registry.get_sample_value("tensorlights_job_band", {"job": "b"}) == 0
