@@ -28,7 +28,11 @@ from tensorlights.discovery.rules import DiscoveryRules, OperatorRule
 from tensorlights.errors import ConfigError, LinkRateUnknownError
 from tensorlights.model import DatapathSpec
 from tensorlights.policy.bands import PolicyName
-from tensorlights.policy.dscp_plan import DEFAULT_BAND_DSCP, validate_band_dscp
+from tensorlights.policy.dscp_plan import (
+    DEFAULT_BAND_DSCP,
+    nft_interface_problem,
+    validate_band_dscp,
+)
 from tensorlights.tls_files import TlsFiles
 from tensorlights.units import parse_rate
 
@@ -255,6 +259,8 @@ class AgentConfig:
             raise ConfigError("health_max_age must be longer than scan_interval")
         # The datapath's own checks (interface name, rates, shares), before anything runs.
         DatapathSpec(self.interface, self.link_rate_bps or 1, (), self.unmanaged_share)
+        if self.dscp_enabled and (problem := nft_interface_problem(self.interface)):
+            raise ConfigError(problem)
         if not self.standalone:
             if not self.controller:
                 raise ConfigError(

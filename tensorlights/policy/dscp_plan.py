@@ -67,6 +67,17 @@ def _chain_body(chain: str, dscp: int) -> list[str]:
     return [f"add rule {where} ip dscp set {dscp}", f"add rule {where} ip6 dscp set {dscp}"]
 
 
+def nft_interface_problem(interface: str) -> str | None:
+    """Why our rule cannot match exactly this interface by name, or None. nftables strings
+    cannot hold a double quote, and a trailing * is its wildcard (it would match others)."""
+    if '"' in interface or interface.endswith("*"):
+        return (
+            f"interface name {interface!r} cannot be matched exactly in an nftables rule "
+            '(no " and no trailing *): rename it, or set dscp.enabled = false'
+        )
+    return None
+
+
 def render_replace(layout: DscpLayout) -> str:
     """One transaction that makes our table exactly `layout` (created or replaced whole)."""
     name = f"{FAMILY} {TABLE}"
@@ -85,10 +96,16 @@ def render_replace(layout: DscpLayout) -> str:
         "{ type filter hook postrouting priority mangle; policy accept; }"
     )
     lines.append(
-        f'add rule {name} {HOOK_CHAIN} oifname "{layout.interface}" '
+        f'add rule {name} {HOOK_CHAIN} oifname "{_nft_interface(layout.interface)}" '
         f"meta l4proto tcp tcp sport vmap @{PORT_MAP}"
     )
     return "\n".join(lines) + "\n"
+
+
+def _nft_interface(interface: str) -> str:
+    if problem := nft_interface_problem(interface):
+        raise ConfigError(problem)
+    return interface
 
 
 def render_rotation(written: DscpLayout, desired: DscpLayout) -> str | None:

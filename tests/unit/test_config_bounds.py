@@ -71,3 +71,23 @@ def test_the_flag_the_foreign_qdisc_error_names_exists() -> None:
     assert "--take-over-foreign-qdisc" in help_text
     config = build_agent_config({"interface": "eth0"}, {"take_over_foreign_qdisc": True})
     assert config.take_over_foreign_qdisc
+
+
+@pytest.mark.parametrize("interface", ['et"h0', "eth*"])
+def test_an_interface_nftables_cannot_match_exactly_is_refused_before_anything_runs(
+    interface: str,
+) -> None:
+    """A legal Linux name with a quote used to make every pass fail after our qdisc and
+    table were installed; a trailing * would have marked other interfaces' packets too."""
+    result = CliRunner().invoke(
+        agent_main, ["run", "--interface", interface, "--link-rate", "1gbit"]
+    )
+    assert result.exit_code == 2 and "cannot be matched exactly in an nftables rule" in (
+        result.output
+    )
+    without_marks = build_agent_config({"interface": interface, "dscp": {"enabled": False}}, {})
+    assert without_marks.interface == interface  # tc alone can shape it
+    from tensorlights.policy.dscp_plan import DscpLayout, render_replace
+
+    with pytest.raises(ConfigError):
+        render_replace(DscpLayout(interface, {}, {}))
