@@ -109,8 +109,18 @@ def address_param(key: str, help: str, default: tuple[str, int], flag: str | Non
 def path_param(
     key: str, help: str, default: Any, flag: str | None = None, read: Reader = path
 ) -> Any:
-    """A file or directory (default None: not set)."""
-    return param(key, read, help, default=default, flag=flag, metavar="PATH" if flag else None)
+    """A file or directory (default None: not set), absolute: a relative path would depend on
+    the working directory the daemon happens to have (/ under systemd)."""
+    return param(
+        key,
+        read,
+        help,
+        default=default,
+        flag=flag,
+        metavar="PATH" if flag else None,
+        check=lambda value: value.is_absolute(),
+        rule="must be an absolute path",
+    )
 
 
 def choice_param(key: str, kind: type[E], help: str, default: E, flag: str | None = None) -> Any:

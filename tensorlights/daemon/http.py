@@ -4,6 +4,8 @@ Binds to localhost by default. Serves nothing else: no command lines, no environ
 
 from __future__ import annotations
 
+import ipaddress
+import logging
 import threading
 from http.server import BaseHTTPRequestHandler, ThreadingHTTPServer
 
@@ -11,6 +13,24 @@ from prometheus_client import CONTENT_TYPE_LATEST, CollectorRegistry, generate_l
 
 from tensorlights.daemon.health import Health
 from tensorlights.errors import ConfigError
+
+log = logging.getLogger("tensorlights.metrics")
+
+
+def exposure_warning(address: tuple[str, int]) -> str | None:
+    """What an operator should know when metrics are served beyond this host: job names (the
+    job label) are readable by anyone who can reach the address."""
+    host = address[0]
+    try:
+        local = host == "localhost" or ipaddress.ip_address(host).is_loopback
+    except ValueError:
+        local = False  # a host name: it may resolve to anything
+    if local:
+        return None
+    return (
+        f"metrics are served on {host}:{address[1]}, beyond this host: anyone who can reach it "
+        "reads the job names; use a loopback address and a scraping proxy, or a firewall"
+    )
 
 
 class MetricsServer:
@@ -38,6 +58,8 @@ class MetricsServer:
             def log_message(self, format: str, *args: object) -> None:
                 pass  # scrapes every few seconds would flood the journal
 
+        if warning := exposure_warning(address):
+            log.warning("%s", warning)
         try:
             self._server = ThreadingHTTPServer(address, Handler)
         except OSError as exc:

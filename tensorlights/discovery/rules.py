@@ -30,6 +30,9 @@ EVALUATOR = "evaluator"
 TASK = "task"
 """A task of a resource-manager job whose role nothing tells."""
 
+ROLES = (PS, WORKER, CHIEF, SCHEDULER, EVALUATOR, TASK)
+"""The roles a process can have; an operator rule names one of them."""
+
 ENV_JOB = "TENSORLIGHTS_JOB"
 ENV_ROLE = "TENSORLIGHTS_ROLE"
 
@@ -87,6 +90,8 @@ class OperatorRule:
             raise ConfigError(f"rule {self.name}: give at least one of exe, cmdline_regex, env")
         if not self.role or not self.job:
             raise ConfigError(f"rule {self.name}: role and job are required")
+        if self.role not in ROLES:
+            raise ConfigError(f"rule {self.name}: role must be one of {', '.join(ROLES)}")
         if self.cmdline_regex is not None:
             try:
                 re.compile(self.cmdline_regex)

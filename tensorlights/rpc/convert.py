@@ -122,6 +122,7 @@ def report(data: bytes) -> HostReport:
     _check_count("jobs", message.jobs, MAX_JOBS_PER_HOST)
     _check_count("rotations", message.rotations, MAX_ROTATIONS_PER_REPORT)
     jobs: dict[str, ReportedJob] = {}
+    owners: dict[int, str] = {}  # port -> job: agents give a port two jobs share to neither
     for job in message.jobs:
         name = check_job(job.job)
         if name in jobs:
@@ -130,6 +131,10 @@ def report(data: bytes) -> HostReport:
         bad = [port for port in job.ports if not 1 <= port <= MAX_PORT]
         if bad:
             raise InvalidMessage(f"job {name}: ports {bad[:5]} are outside 1..{MAX_PORT}")
+        if claimed := owners.keys() & set(job.ports):
+            port = min(claimed)
+            raise InvalidMessage(f"port {port} is claimed by jobs {owners[port]} and {name}")
+        owners.update(dict.fromkeys(job.ports, name))
         jobs[name] = ReportedJob(
             job=name,
             ports=frozenset(job.ports),
@@ -141,6 +146,10 @@ def report(data: bytes) -> HostReport:
         )
     rotations = []
     for rotation in message.rotations:
+        # A rotation may name a job absent from this report's jobs: it can end right after
+        # its turn. Its time cannot lie before the Unix epoch.
+        if rotation.applied_unix_ns <= 0:
+            raise InvalidMessage(f"rotation to {rotation.green[:80]!r}: applied_unix_ns <= 0")
         rotations.append(
             AppliedRotation(
                 green=check_job(rotation.green),
