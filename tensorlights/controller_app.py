@@ -44,6 +44,7 @@ from tensorlights.errors import ConfigError
 from tensorlights.rpc.convert import MAX_MESSAGE_BYTES
 from tensorlights.rpc.server import agent_link_service, operator_service
 from tensorlights.rpc.tls import server_credentials
+from tensorlights.tls_files import Role
 
 log = logging.getLogger("tensorlights.controller")
 
@@ -118,7 +119,10 @@ class ControllerApp:
         )
         server = grpc.aio.server(options=SERVER_OPTIONS)
         server.add_generic_rpc_handlers(
-            (agent_link_service(controller, check_identity=True), operator_service(controller))
+            (
+                agent_link_service(controller, check_identity=True),
+                operator_service(controller, Role.OPERATOR),
+            )
         )
         host, port = config.listen
         target = f"[{host}]:{port}" if ":" in host else f"{host}:{port}"
@@ -178,7 +182,7 @@ class ControllerApp:
         with contextlib.suppress(FileNotFoundError):
             path.unlink()  # a leftover from a crash: nothing listens there (we hold the port)
         local = grpc.aio.server(options=SERVER_OPTIONS)
-        local.add_generic_rpc_handlers((operator_service(controller),))
+        local.add_generic_rpc_handlers((operator_service(controller, role=None),))
         old = os.umask(0o177)  # the socket is born owner-only, widened to the group below
         try:
             _bind(lambda: local.add_insecure_port(f"unix:{path}"), str(path))

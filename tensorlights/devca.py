@@ -27,6 +27,8 @@ from cryptography.hazmat.primitives import hashes, serialization
 from cryptography.hazmat.primitives.asymmetric import ec
 from cryptography.x509.oid import ExtendedKeyUsageOID, NameOID
 
+from tensorlights.tls_files import ROLE_URI, Role
+
 Key = ec.EllipticCurvePrivateKey
 
 
@@ -96,6 +98,7 @@ def issue(
     client: bool,
     expired: bool,
     days: int,
+    role: Role | None = None,
 ) -> None:
     ca_cert, ca_key = ca
     key = ec.generate_private_key(ec.SECP256R1())
@@ -112,13 +115,15 @@ def issue(
         .add_extension(x509.BasicConstraints(ca=False, path_length=None), critical=True)
         .add_extension(x509.ExtendedKeyUsage(usages), critical=False)
     )
-    if server_names:
-        alt: list[x509.GeneralName] = []
-        for name in server_names:
-            try:
-                alt.append(x509.IPAddress(ipaddress.ip_address(name)))
-            except ValueError:
-                alt.append(x509.DNSName(name))
+    alt: list[x509.GeneralName] = []
+    for name in server_names:
+        try:
+            alt.append(x509.IPAddress(ipaddress.ip_address(name)))
+        except ValueError:
+            alt.append(x509.DNSName(name))
+    if role is not None:  # what the controller lets this client do (tls_files.Role)
+        alt.append(x509.UniformResourceIdentifier(f"{ROLE_URI}{role}"))
+    if alt:
         builder = builder.add_extension(x509.SubjectAlternativeName(alt), critical=False)
     cert = builder.sign(ca_key, hashes.SHA256())
     _write_key(directory / f"{file_stem}.key", key)
@@ -149,7 +154,9 @@ def make_pki(
             days=days,
         )
         made.append("controller")
-    for host in [*agents, *(["operator"] if operator else [])]:
+    roles = [(host, Role.AGENT) for host in agents]
+    roles += [("operator", Role.OPERATOR)] if operator else []
+    for host, role in roles:
         issue(
             directory,
             host,
@@ -159,6 +166,7 @@ def make_pki(
             client=True,
             expired=host in expired,
             days=days,
+            role=role,
         )
         made.append(host)
     return made

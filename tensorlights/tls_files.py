@@ -4,9 +4,23 @@ reading a config never pulls in grpc)."""
 from __future__ import annotations
 
 from dataclasses import dataclass
+from enum import StrEnum
 from pathlib import Path
 
 from tensorlights.errors import ConfigError
+
+ROLE_URI = "urn:tensorlights:role:"
+"""A client certificate's role is a SAN URI, e.g. urn:tensorlights:role:agent (dev_ca.py
+issues them; a CA of your own adds the same URI)."""
+
+
+class Role(StrEnum):
+    """What a client certificate may do at the controller."""
+
+    AGENT = "agent"
+    """Register and report as the host its common name names (AgentLink)."""
+    OPERATOR = "operator"
+    """Read the cluster's state over TCP: tlctl --controller (Operator)."""
 
 
 @dataclass(frozen=True)

@@ -19,9 +19,10 @@ from tensorlights.controller.core import Controller, HostRotations
 from tensorlights.controller.registry import HostRecord, JobView, StaleMessage, UnknownSession
 from tensorlights.rpc import convert
 from tensorlights.rpc.convert import InvalidMessage
-from tensorlights.rpc.tls import peer_common_name
+from tensorlights.rpc.tls import peer_common_name, peer_roles
 from tensorlights.rpc.v1 import agent_link_pb2 as link_pb
 from tensorlights.rpc.v1 import operator_pb2 as op_pb
+from tensorlights.tls_files import ROLE_URI, Role
 
 Context: TypeAlias = "grpc.aio.ServicerContext[bytes, Any]"
 
@@ -35,9 +36,13 @@ def _ns(seconds: float | None) -> int:
 
 
 class _Handlers:
-    def __init__(self, controller: Controller, check_identity: bool) -> None:
+    def __init__(
+        self, controller: Controller, check_identity: bool, role: Role | None = None
+    ) -> None:
         self.controller = controller
         self.check_identity = check_identity
+        self.role = role
+        """The role a client certificate must carry (None: the local socket, no TLS)."""
 
     async def reject(self, context: Context, code: grpc.StatusCode, details: str) -> NoReturn:
         self.controller.metrics.rejected.labels(code.name).inc()
@@ -50,9 +55,21 @@ class _Handlers:
         except InvalidMessage as exc:
             await self.reject(context, grpc.StatusCode.INVALID_ARGUMENT, str(exc))
 
+    async def authorized(self, context: Context) -> None:
+        """The client certificate carries this service's role: an operator's certificate
+        cannot speak for a host, an agent's cannot read the cluster."""
+        if self.role is not None and self.role not in peer_roles(context):
+            await self.reject(
+                context,
+                grpc.StatusCode.PERMISSION_DENIED,
+                f"the client certificate does not carry the {self.role} role "
+                f"(SAN URI {ROLE_URI}{self.role})",
+            )
+
     async def identity(self, context: Context, host: str) -> None:
         if not self.check_identity:
             return
+        await self.authorized(context)
         name = peer_common_name(context)
         if name != host:
             await self.reject(
@@ -113,14 +130,17 @@ class _Handlers:
     # Operator -----------------------------------------------------------------------------
 
     async def list_jobs(self, data: bytes, context: Context) -> op_pb.ListJobsReply:
+        await self.authorized(context)
         await self.checked(context, lambda d: convert.parse(op_pb.ListJobsRequest, d), data)
         return op_pb.ListJobsReply(jobs=self._jobs())
 
     async def list_hosts(self, data: bytes, context: Context) -> op_pb.ListHostsReply:
+        await self.authorized(context)
         await self.checked(context, lambda d: convert.parse(op_pb.ListHostsRequest, d), data)
         return op_pb.ListHostsReply(hosts=self._hosts())
 
     async def get_rotations(self, data: bytes, context: Context) -> op_pb.GetRotationsReply:
+        await self.authorized(context)
         request = await self.checked(
             context, lambda d: convert.parse(op_pb.GetRotationsRequest, d), data
         )
@@ -136,6 +156,7 @@ class _Handlers:
         )
 
     async def watch(self, data: bytes, context: Context) -> AsyncIterator[op_pb.ClusterView]:
+        await self.authorized(context)
         request = await self.checked(context, lambda d: convert.parse(op_pb.WatchRequest, d), data)
         interval_s = max(MIN_WATCH_INTERVAL_S, (request.interval_ms or 1000) / 1000)
         while True:
@@ -226,7 +247,8 @@ def _stream(
 
 
 def agent_link_service(controller: Controller, check_identity: bool) -> grpc.GenericRpcHandler:
-    handlers = _Handlers(controller, check_identity)
+    """With check_identity (mTLS): the certificate carries the agent role and names the host."""
+    handlers = _Handlers(controller, check_identity, Role.AGENT if check_identity else None)
     return grpc.method_handlers_generic_handler(
         AGENT_LINK,
         {
@@ -237,8 +259,10 @@ def agent_link_service(controller: Controller, check_identity: bool) -> grpc.Gen
     )
 
 
-def operator_service(controller: Controller) -> grpc.GenericRpcHandler:
-    handlers = _Handlers(controller, check_identity=False)
+def operator_service(controller: Controller, role: Role | None) -> grpc.GenericRpcHandler:
+    """role: what a TLS client's certificate must carry (None on the local socket, whose file
+    mode decides who may connect)."""
+    handlers = _Handlers(controller, check_identity=False, role=role)
     return grpc.method_handlers_generic_handler(
         OPERATOR,
         {

@@ -15,8 +15,9 @@ import ssl
 from typing import Any
 
 import grpc
+from cryptography import x509
 
-from tensorlights.tls_files import TlsFiles
+from tensorlights.tls_files import ROLE_URI, Role, TlsFiles
 
 
 def server_credentials(tls: TlsFiles) -> grpc.ServerCredentials:
@@ -47,6 +48,25 @@ def peer_common_name(context: grpc.aio.ServicerContext[Any, Any]) -> str | None:
     """The common name of the client certificate the peer presented (None: no TLS)."""
     names = list(context.auth_context().get("x509_common_name") or [])
     return bytes(names[0]).decode(errors="replace") if names else None
+
+
+def peer_roles(context: grpc.aio.ServicerContext[Any, Any]) -> frozenset[Role]:
+    """The roles the client certificate carries (SAN URIs urn:tensorlights:role:...); none
+    without TLS or without such a URI."""
+    pems = list(context.auth_context().get("x509_pem_cert") or [])
+    if not pems:
+        return frozenset()
+    certificate = x509.load_pem_x509_certificate(bytes(pems[0]))
+    try:
+        names = certificate.extensions.get_extension_for_class(x509.SubjectAlternativeName)
+    except x509.ExtensionNotFound:
+        return frozenset()
+    known = {role.value for role in Role}
+    return frozenset(
+        Role(uri.removeprefix(ROLE_URI))
+        for uri in names.value.get_values_for_type(x509.UniformResourceIdentifier)
+        if uri.startswith(ROLE_URI) and uri.removeprefix(ROLE_URI) in known
+    )
 
 
 def diagnose(address: str, tls: TlsFiles, server_name: str | None, timeout_s: float = 3.0) -> str:

@@ -70,6 +70,8 @@ class ControllerProcess:
         metrics: str | None = None,
     ) -> None:
         self.workdir = workdir
+        self.pki = pki
+        self.listen = listen
         self.socket = socket or workdir / "ctl.sock"
         self.log = open(workdir / "controller.log", "a")  # noqa: SIM115 - closed in stop()
         metrics = metrics or f"{listen.rpartition(':')[0]}:9741"

@@ -48,6 +48,17 @@ def api(tmp_path: Path) -> Iterator[tuple[ControllerProcess, grpc.Channel]]:
         controller.stop()
 
 
+def _channel(controller: ControllerProcess, name: str) -> grpc.Channel:
+    """A channel to the controller with the client certificate `name` of its PKI."""
+    pki = controller.pki
+    credentials = grpc.ssl_channel_credentials(
+        (pki / "ca.pem").read_bytes(),
+        (pki / f"{name}.key").read_bytes(),
+        (pki / f"{name}.pem").read_bytes(),
+    )
+    return grpc.secure_channel(controller.listen, credentials)
+
+
 def call(channel: grpc.Channel, method: str, payload: bytes | Any) -> tuple[Code, bytes]:
     raw = payload if isinstance(payload, bytes) else payload.SerializeToString()
     stub = channel.unary_unary(f"/tensorlights.rpc.v1.{method}")
@@ -135,8 +146,12 @@ def test_bad_messages_are_refused_and_change_nothing(
     huge = report(session, 3, pb.PsJob(job="j1", ports=[1]))
     huge.health = "x" * (17 * 1024 * 1024)
     assert call(channel, "AgentLink/Report", huge)[0] is Code.RESOURCE_EXHAUSTED
-    code, _ = call(channel, "Operator/GetRotations", op_pb.GetRotationsRequest(upcoming=1000))
-    assert code is Code.INVALID_ARGUMENT
+    operator = _channel(controller, "operator")
+    try:
+        request = op_pb.GetRotationsRequest(upcoming=1000)
+        assert call(operator, "Operator/GetRotations", request)[0] is Code.INVALID_ARGUMENT
+    finally:
+        operator.close()
 
     # The plan stream delivers this host's plan.
     stream = channel.unary_stream("/tensorlights.rpc.v1.AgentLink/WatchPlan")(
@@ -169,3 +184,31 @@ def test_kubernetes_jobs_reach_tlctl(tmp_path: Path) -> None:
             assert job["ps_hosts"] == []  # no agent on gpu1 yet: nothing to coordinate
         finally:
             controller.stop()
+
+
+def test_certificates_act_only_in_their_role(
+    api: tuple[ControllerProcess, grpc.Channel], tmp_path: Path
+) -> None:
+    """An operator's certificate cannot register as (or report for) a host, an agent's cannot
+    read the cluster, and a certificate of the same CA with no role can do neither."""
+    from tensorlights.devca import issue, load_or_make_ca
+
+    controller, agent = api
+    issue(
+        controller.pki, "norole", "ps1", load_or_make_ca(controller.pki, 3650),
+        server_names=[], client=True, expired=False, days=1,
+    )  # fmt: skip
+    operator, norole = _channel(controller, "operator"), _channel(controller, "norole")
+    try:
+        denied = Code.PERMISSION_DENIED
+        assert call(operator, "AgentLink/Register", registration("operator"))[0] is denied
+        assert call(norole, "AgentLink/Register", registration("ps1"))[0] is denied
+        code, details = call(agent, "Operator/ListJobs", op_pb.ListJobsRequest())
+        assert code is denied and b"operator role" in details
+        assert call(norole, "Operator/ListHosts", op_pb.ListHostsRequest())[0] is denied
+        assert call(operator, "Operator/ListHosts", op_pb.ListHostsRequest())[0] is Code.OK
+        assert call(agent, "AgentLink/Register", registration("ps1"))[0] is Code.OK
+        assert [h["host"] for h in controller.query("hosts")] == ["ps1"]
+    finally:
+        operator.close()
+        norole.close()
