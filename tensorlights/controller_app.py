@@ -93,6 +93,16 @@ def build_sources(config: ControllerConfig) -> list[tuple[Source, float]]:
     return sources
 
 
+def tcp_limits(config: ControllerConfig) -> list[tuple[str, int]]:
+    """What bounds the TCP port against clients that connect and then stall or idle: the
+    local socket (another server on the same process) stays usable however many try."""
+    return [
+        ("grpc.server_handshake_timeout_ms", round(config.handshake_timeout_s * 1000)),
+        ("grpc.max_allowed_incoming_connections", config.max_connections),
+        ("grpc.max_connection_idle_ms", round(config.idle_timeout_s * 1000)),
+    ]
+
+
 class ControllerApp:
     def __init__(
         self, config: ControllerConfig, registry: CollectorRegistry, notifier: Notifier
@@ -117,7 +127,7 @@ class ControllerApp:
             metrics,
             config.report_interval_s,
         )
-        server = grpc.aio.server(options=SERVER_OPTIONS)
+        server = grpc.aio.server(options=[*SERVER_OPTIONS, *tcp_limits(config)])
         server.add_generic_rpc_handlers(
             (
                 agent_link_service(controller, check_identity=True),

@@ -10,7 +10,7 @@ from pathlib import Path
 from typing import Any
 
 from tensorlights import configspec as spec
-from tensorlights.configfile import text, tls_files
+from tensorlights.configfile import integer, text, tls_files
 from tensorlights.controller.planner import ClusterPolicy
 from tensorlights.errors import ConfigError
 from tensorlights.tls_files import TlsFiles
@@ -43,6 +43,29 @@ class ControllerConfig:
         "Agents' (and tlctl --controller's) mutual-TLS port.",
         ("0.0.0.0", 9740),
         "--listen",
+    )
+    handshake_timeout_s: float = spec.duration_param(
+        "handshake_timeout",
+        "A client that has not finished its TLS handshake by then is disconnected.",
+        5.0,
+        low=0.5,
+        high=60.0,
+    )
+    max_connections: int = spec.param(
+        "max_connections",
+        integer,
+        "TCP connections served at once (one per agent, plus tlctl); more are closed at once. "
+        "Keep it under the unit's LimitNOFILE.",
+        default=16384,
+        check=lambda n: 1 <= n <= 1_000_000,
+        rule="must be between 1 and 1000000",
+    )
+    idle_timeout_s: float = spec.duration_param(
+        "idle_timeout",
+        "A TCP connection with no call for this long is closed (agents report every second).",
+        300.0,
+        low=10.0,
+        high=86400.0,
     )
     socket: Path | None = spec.path_param(
         "socket", 'tlctl\'s Unix socket ("" to disable).', DEFAULT_SOCKET, "--socket", _socket

@@ -68,6 +68,7 @@ class ControllerProcess:
         env: dict[str, str] | None = None,
         socket: Path | None = None,
         metrics: str | None = None,
+        max_open_files: int | None = None,
     ) -> None:
         self.workdir = workdir
         self.pki = pki
@@ -84,6 +85,8 @@ class ControllerProcess:
         ]  # fmt: skip
         (workdir / "none.toml").write_text("")
         prefix = host.exec_args() if host is not None else []
+        if max_open_files is not None:  # the descriptor limit of a small deployment
+            prefix += ["prlimit", f"--nofile={max_open_files}:{max_open_files}", "--"]
         self.proc = subprocess.Popen(
             [*prefix, *command], stderr=self.log, env=env or clean_env(), text=True
         )

@@ -212,3 +212,47 @@ def test_certificates_act_only_in_their_role(
     finally:
         operator.close()
         norole.close()
+
+
+def test_stalled_tls_clients_cannot_lock_anyone_out(tmp_path: Path) -> None:
+    """300 clients connect and never finish the TLS handshake, against a controller limited
+    to 256 descriptors (the issue's reproduction): over the cap they are closed at once, the
+    rest when the handshake times out; tlctl's local socket answers all the while, and a real
+    client gets through afterwards."""
+    pki = make_pki(tmp_path / "pki", ["127.0.0.1"], ["ps1"])
+    port = free_port()
+    (tmp_path / "limits.toml").write_text('handshake_timeout = "1s"\nmax_connections = 64\n')
+    controller = ControllerProcess(
+        None, tmp_path, pki, "--config", str(tmp_path / "limits.toml"),
+        listen=f"127.0.0.1:{port}", metrics=f"127.0.0.1:{free_port()}", max_open_files=256,
+    )  # fmt: skip
+    stalled: list[socket.socket] = []
+    try:
+        for _ in range(300):
+            stalled.append(socket.create_connection(("127.0.0.1", port), timeout=5))
+        # Within tlctl's own 3 s deadline: the local socket is not starved.
+        local = controller.tlctl("--timeout", "3s", "hosts", "--json")
+        assert local.returncode == 0, local.stderr
+
+        def all_closed() -> bool:
+            closed = 0
+            for sock in stalled:
+                sock.setblocking(False)
+                try:
+                    closed += sock.recv(1) == b""
+                except BlockingIOError:
+                    pass
+                except OSError:
+                    closed += 1
+            return closed == len(stalled)
+
+        controller.wait(all_closed, deadline_s=10, what="every stalled client disconnected")
+        operator = _channel(controller, "operator")
+        try:
+            assert call(operator, "Operator/ListHosts", op_pb.ListHostsRequest())[0] is Code.OK
+        finally:
+            operator.close()
+    finally:
+        for sock in stalled:
+            sock.close()
+        controller.stop()
