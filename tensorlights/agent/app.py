@@ -19,6 +19,7 @@ from __future__ import annotations
 import contextlib
 import logging
 import signal
+import socket
 import threading
 import time
 from collections.abc import Callable
@@ -38,11 +39,19 @@ from tensorlights.daemon.http import MetricsServer
 from tensorlights.daemon.sdnotify import Notifier
 from tensorlights.datapath import open_datapath
 from tensorlights.datapath.dataplane import Dataplane
+from tensorlights.datapath.watch import KernelWatcher
 from tensorlights.discovery.scanner import Scanner
 from tensorlights.errors import PermanentError, TensorLightsError
 from tensorlights.telemetry.sampler import TelemetrySampler
 
 log = logging.getLogger("tensorlights.agent")
+
+
+def _ifindex(interface: str) -> int | None:
+    try:
+        return socket.if_nametoindex(interface)
+    except OSError:
+        return None  # gone: the loop's passes notice and report it
 
 
 class AgentApp:
@@ -118,6 +127,20 @@ class AgentApp:
                     self._wake.set,
                     self.metrics.controller_connected.set,
                 )
+            observers = Observers(self.metrics, self.health, self.notifier, board, link, sampler)
+            loop = AgentLoop(config, reconciler, observers, self._clock, self._wall)
+
+            def kernel_changed(reason: str) -> None:  # on the watcher's thread
+                loop.request_resync(reason)
+                self._wake.set()
+
+            watcher = KernelWatcher(
+                lambda: _ifindex(self.config.interface),
+                tc.major,
+                kernel_changed,
+                marks=dataplane.marking,
+            )
+            setup.callback(watcher.close)
             setup.pop_all()  # started: the shutdown below closes them
         self.registry.register(
             KernelCounters(
@@ -126,9 +149,7 @@ class AgentApp:
             )
         )
         self.metrics.controller_connected.set(0)
-        observers = Observers(self.metrics, self.health, self.notifier, board, link, sampler)
-        loop = AgentLoop(config, reconciler, observers, self._clock, self._wall)
-        for part in (metrics_server, status_server, sampler, link):
+        for part in (metrics_server, status_server, sampler, link, watcher):
             if part is not None:
                 part.start()
         log.info(
@@ -155,6 +176,7 @@ class AgentApp:
                 link.stop()
             if sampler is not None:
                 sampler.stop()
+            watcher.close()
             for server in (status_server, metrics_server, scanner, dataplane, self.notifier):
                 server.close()
         return code

@@ -64,6 +64,13 @@ class AgentLoop:
         self._last_pass: PassResult | None = None
         self._last_error = ""
         self._rotations = RotationLog()
+        self._kernel_changed = threading.Event()
+        self._change_reason = ""
+
+    def request_resync(self, reason: str) -> None:
+        """From any thread: the kernel changed under us; the next pass reads it back whole."""
+        self._change_reason = reason
+        self._kernel_changed.set()
 
     def run(self, stop: threading.Event, wake: threading.Event, before: Callable[[], None]) -> None:
         """Passes until `stop`; `before` runs ahead of each (the app's reload check)."""
@@ -80,6 +87,11 @@ class AgentLoop:
 
     def step(self) -> float:
         """One pass with its error handling; how long to wait before the next."""
+        changed = ""
+        if self._kernel_changed.is_set():
+            self._kernel_changed.clear()
+            changed = self._change_reason  # often our own rotation: said only if repaired
+            self.reconciler.force_resync()
         link = self._out.link
         for plan in link.take_plans() if link is not None else ():
             if not self.reconciler.offer_plan(plan):
@@ -93,6 +105,8 @@ class AgentLoop:
             if self._last_pass is None:
                 raise  # the first pass fails permanently: configuration, kernel support
             return self._failed(exc)  # it worked before: the host changed (errors.py)
+        if changed and result.kernel_ops:
+            log.warning("%s: repaired (%d kernel writes)", changed, result.kernel_ops)
         self._succeeded(result)
         wait_s = self.config.scan_interval_s
         if result.plan.next_change_at is not None:
