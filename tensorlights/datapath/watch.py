@@ -3,12 +3,13 @@ once instead of at the next periodic full resync (30 s by default).
 
 Two netlink multicast groups: rtnetlink's TC group (qdiscs, classes, filters) and nftables'.
 Ours is judged from the message alone: on our interface, a deleted class, filter or qdisc of
-our handle, or a root qdisc that is not ours; in nftables, any deletion (a table, chain, rule
-or set element: the message does not cheaply say whose). A lost notification (ENOBUFS) counts
+our handle, or a root qdisc that is not ours; in our nftables table (inet tensorlights), a
+deleted table, chain, set or set element, or a rule deleted from the hook chain. Rules deleted
+from a job's chain are left to the periodic resync: every rotation flushes those chains, and a
+read-back per rotation would cost more than it repairs. A lost notification (ENOBUFS) counts
 as a change. The agent answers a change with a full resync: it reads the kernel back and
-repairs. Our own writes notify too (a rotation flushes a chain of ours): they are not told
-apart, since any window that would ignore them would also hide a hand edit made meanwhile.
-They cost one read-back that finds nothing to change, and so writes nothing.
+repairs. Our own full applies notify too: they are not told apart (a window that ignored
+them would also hide a hand edit made meanwhile) and cost one read-back that writes nothing.
 """
 
 from __future__ import annotations
@@ -22,6 +23,7 @@ import threading
 from collections.abc import Callable
 
 from tensorlights.netlink_io import call_in_netns
+from tensorlights.policy.dscp_plan import HOOK_CHAIN, TABLE
 
 log = logging.getLogger("tensorlights.datapath")
 
@@ -33,7 +35,11 @@ RTM_NEWQDISC, RTM_DELQDISC = 36, 37
 RTM_DELTCLASS, RTM_DELTFILTER = 41, 45
 TC_H_ROOT = 0xFFFFFFFF
 NFNL_SUBSYS_NFTABLES = 10
-NFT_DELETIONS = {2, 5, 8, 11, 14}  # NFT_MSG_DEL{TABLE,CHAIN,RULE,SET,SETELEM}
+NFT_DELRULE = 8
+NFT_DELETIONS = {2, 5, NFT_DELRULE, 11, 14}  # NFT_MSG_DEL{TABLE,CHAIN,RULE,SET,SETELEM}
+NFPROTO_INET = 1
+_NFGENMSG = 4
+_NLA = struct.Struct("=HH")
 _NLMSG = struct.Struct("=IHHII")
 _TCMSG = struct.Struct("=BxxxiIII")
 
@@ -53,8 +59,32 @@ def tc_change_is_ours(msg_type: int, tcmsg: bytes, ifindex: int, major: int) -> 
     return False
 
 
-def nft_change_is_deletion(msg_type: int) -> bool:
-    return msg_type >> 8 == NFNL_SUBSYS_NFTABLES and msg_type & 0xFF in NFT_DELETIONS
+def nft_change_is_ours(msg_type: int, body: bytes) -> bool:
+    """Whether an nftables notification undoes what we programmed (pure): a deletion in our
+    table, of anything but a rule of a job's chain (rotations flush those)."""
+    if msg_type >> 8 != NFNL_SUBSYS_NFTABLES or msg_type & 0xFF not in NFT_DELETIONS:
+        return False
+    if len(body) < _NFGENMSG or body[0] != NFPROTO_INET:
+        return False
+    attributes = _attributes(body[_NFGENMSG:])
+    if attributes.get(1) != TABLE.encode():  # NFTA_*_TABLE (NFTA_TABLE_NAME for tables)
+        return False
+    if msg_type & 0xFF == NFT_DELRULE:
+        return attributes.get(2) == HOOK_CHAIN.encode()  # NFTA_RULE_CHAIN
+    return True
+
+
+def _attributes(data: bytes) -> dict[int, bytes]:
+    """Top-level netlink attributes: type -> payload (strings without their NUL)."""
+    found: dict[int, bytes] = {}
+    offset = 0
+    while offset + _NLA.size <= len(data):
+        length, kind = _NLA.unpack_from(data, offset)
+        if length < _NLA.size:
+            break
+        found[kind & 0x3FFF] = data[offset + _NLA.size : offset + length].rstrip(b"\0")
+        offset += (length + 3) & ~3
+    return found
 
 
 def _subscribe(protocol: int, groups: int) -> socket.socket:
@@ -127,7 +157,7 @@ class KernelWatcher:
             if is_route and ifindex is not None:
                 if tc_change_is_ours(msg_type, body, ifindex, self._major):
                     return "a tc object of ours was deleted or our root qdisc replaced"
-            elif not is_route and nft_change_is_deletion(msg_type):
-                return "something was deleted in nftables"
+            elif not is_route and nft_change_is_ours(msg_type, body):
+                return "something of ours was deleted in nftables"
             offset += (length + 3) & ~3
         return ""

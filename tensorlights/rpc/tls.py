@@ -15,7 +15,6 @@ import ssl
 from typing import Any
 
 import grpc
-from cryptography import x509
 
 from tensorlights.tls_files import ROLE_URI, Role, TlsFiles
 
@@ -53,6 +52,8 @@ def peer_common_name(context: grpc.aio.ServicerContext[Any, Any]) -> str | None:
 def peer_roles(context: grpc.aio.ServicerContext[Any, Any]) -> frozenset[Role]:
     """The roles the client certificate carries (SAN URIs urn:tensorlights:role:...); none
     without TLS or without such a URI."""
+    from cryptography import x509  # the controller's alone: agents do not load it (~20 MiB)
+
     pems = list(context.auth_context().get("x509_pem_cert") or [])
     if not pems:
         return frozenset()

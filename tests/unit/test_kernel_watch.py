@@ -11,7 +11,7 @@ from tensorlights.datapath.watch import (
     RTM_DELTFILTER,
     RTM_NEWQDISC,
     TC_H_ROOT,
-    nft_change_is_deletion,
+    nft_change_is_ours,
     tc_change_is_ours,
 )
 
@@ -41,10 +41,25 @@ def test_other_interfaces_other_handles_and_our_own_replaces_do_not_count() -> N
     assert not tc_change_is_ours(RTM_DELTFILTER, b"\x00" * 4, IFINDEX, OURS)  # truncated
 
 
-def test_nftables_deletions_count_and_additions_do_not() -> None:
-    nftables = 10 << 8
-    for deletion in (2, 5, 8, 11, 14):  # table, chain, rule, set, set element
-        assert nft_change_is_deletion(nftables | deletion)
+def nft(msg: int, *attributes: tuple[int, bytes], family: int = 1) -> tuple[int, bytes]:
+    body = struct.pack("=BBH", family, 0, 0)
+    for kind, value in attributes:
+        payload = value + b"\0"
+        body += struct.pack("=HH", 4 + len(payload), kind) + payload
+        body += b"\0" * (-len(body) % 4)
+    return 10 << 8 | msg, body
+
+
+def test_nftables_deletions_in_our_table_count() -> None:
+    for deletion in (2, 5, 11, 14):  # table, chain, set, set element
+        assert nft_change_is_ours(*nft(deletion, (1, b"tensorlights")))
+    assert nft_change_is_ours(*nft(8, (1, b"tensorlights"), (2, b"postrouting")))
+
+
+def test_rotations_additions_and_other_tables_do_not_count() -> None:
+    assert not nft_change_is_ours(*nft(8, (1, b"tensorlights"), (2, b"job_1d7")))  # rotation
     for addition in (0, 3, 6, 9, 12):
-        assert not nft_change_is_deletion(nftables | addition)
-    assert not nft_change_is_deletion(1 << 8 | 2)  # another netfilter subsystem
+        assert not nft_change_is_ours(*nft(addition, (1, b"tensorlights")))
+    assert not nft_change_is_ours(*nft(2, (1, b"firewalld")))
+    assert not nft_change_is_ours(*nft(2, (1, b"tensorlights"), family=2))  # ip, not inet
+    assert not nft_change_is_ours(1 << 8 | 2, b"")  # another netfilter subsystem
