@@ -27,7 +27,7 @@ def pair() -> Iterator[netns.HostPair]:
     try:
         yield created
     finally:
-        netns.destroy(created.namespaces)
+        netns.destroy_pair(created)
         assert not netns.leftover_namespaces(created.run_id)
 
 

@@ -8,9 +8,7 @@ lives in a namespace of its own, always torn down -- even when the runner is SIG
 Each host has one interface, `eth0`, on the bridge, with 10.78.0.N/24 and fd00:78::N/64;
 offloads are off on both ends of every veth (packet-accurate shaping) and TCP congestion
 control is set per route (the sysctl cannot be set inside a namespace). Names carry a random
-run id. A reaper process, started with the cluster, holds a pipe from the runner: when the
-runner exits for any reason the pipe closes and the reaper deletes the namespaces (and kills
-what still runs in them).
+run id. Its reaper (netns.start_reaper) removes the cluster even when the runner is killed.
 
     python -m tensorlights.testbed.cluster gc     # remove clusters whose runner is gone
 """
@@ -32,7 +30,10 @@ from tensorlights.testbed.netns import (
     in_ns,
     new_run_id,
     run,
+    start_reaper,
+    stop_reaper,
 )
+from tensorlights.testbed.netns import leftover_namespaces as cluster_namespaces
 
 BRIDGE = "br0"
 IFNAME = "eth0"
@@ -57,12 +58,7 @@ def create_cluster(
         raise ValueError(f"give 1-{MAX_HOSTS} distinct host names")
     run_id = new_run_id()
     cluster = Cluster(run_id, f"{NS_PREFIX}-{run_id}-br")
-    # The reaper first: from here on, whatever happens to us, it cleans up.
-    cluster.reaper = subprocess.Popen(
-        [sys.executable, "-m", "tensorlights.testbed.cluster", "reap", "--run-id", run_id],
-        stdin=subprocess.PIPE,
-        start_new_session=True,  # a signal to our process group must not kill it first
-    )
+    cluster.reaper = start_reaper(run_id)  # first: from here on, it cleans up
     try:
         _add_namespace(cluster, cluster.bridge_ns)
         run(in_ns(cluster.bridge_ns, "ip", "link", "add", BRIDGE, "type", "bridge"))
@@ -102,10 +98,7 @@ def _add_namespace(cluster: Cluster, ns: str) -> None:
 
 def destroy_cluster(cluster: Cluster) -> None:
     destroy(cluster.namespaces)
-    if cluster.reaper is not None:
-        assert cluster.reaper.stdin is not None
-        cluster.reaper.stdin.close()  # nothing left for it: it exits
-        cluster.reaper.wait(timeout=30)
+    stop_reaper(cluster.reaper)
 
 
 @contextlib.contextmanager
@@ -119,32 +112,19 @@ def cluster(
         destroy_cluster(created)
 
 
-def cluster_namespaces(run_id: str) -> list[str]:
-    listing = run(["ip", "netns", "list"], check=False).stdout.splitlines()
-    return [line.split()[0] for line in listing if line.startswith(f"{NS_PREFIX}-{run_id}-")]
-
-
-def _reap(run_id: str) -> int:
-    """Wait until the runner's end of the pipe closes, then remove its cluster."""
-    sys.stdin.buffer.read()
-    destroy(cluster_namespaces(run_id))
-    return 0
-
-
 def _gc() -> int:
-    """Clusters whose reaper is gone too (e.g. the machine rebooted mid-run): remove them."""
+    """Runs (clusters and host pairs) whose reaper is gone too (e.g. the machine rebooted
+    mid-run): remove them."""
     listing = run(["ip", "netns", "list"], check=False).stdout.splitlines()
     run_ids = {
-        line.split()[0].split("-")[1]
-        for line in listing
-        if line.startswith(f"{NS_PREFIX}-") and line.split()[0].endswith("-br")
+        line.split()[0].split("-")[1] for line in listing if line.startswith(f"{NS_PREFIX}-")
     }
-    reapers = run(["pgrep", "-f", "tensorlights.testbed.cluster reap"], check=False).stdout
+    reapers = run(["pgrep", "-f", "tensorlights.testbed.netns reap"], check=False).stdout
     alive = {
         run_id for pid in reapers.split() for run_id in run_ids if run_id in _cmdline(int(pid))
     }
     for run_id in sorted(run_ids - alive):
-        print(f"removing cluster {run_id}")
+        print(f"removing run {run_id}")
         destroy(cluster_namespaces(run_id))
     return 0
 
@@ -160,11 +140,9 @@ def _cmdline(pid: int) -> str:
 def main(argv: list[str] | None = None) -> int:
     parser = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
     sub = parser.add_subparsers(dest="command", required=True)
-    reap = sub.add_parser("reap", help="(internal) remove a cluster once its runner is gone")
-    reap.add_argument("--run-id", required=True)
-    sub.add_parser("gc", help="remove clusters whose runner and reaper are both gone")
-    args = parser.parse_args(argv)
-    return _reap(args.run_id) if args.command == "reap" else _gc()
+    sub.add_parser("gc", help="remove runs whose runner and reaper are both gone")
+    parser.parse_args(argv)
+    return _gc()
 
 
 if __name__ == "__main__":

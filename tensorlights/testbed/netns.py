@@ -2,13 +2,19 @@
 
 Used by the tests, the demo and the benchmarks. Every name carries a random run id so runs can
 overlap and never touch anything they did not create. Needs root and iproute2's `ip`.
+
+A reaper process, started before the first namespace of a run, holds a pipe from the runner:
+when the runner ends for any reason (SIGKILL, or a SIGTERM that skips pytest's teardown) the
+pipe closes and the reaper removes the run's namespaces and what still runs in them.
 """
 
 from __future__ import annotations
 
+import argparse
 import contextlib
 import secrets
 import subprocess
+import sys
 from collections.abc import Iterator, Sequence
 from dataclasses import dataclass, field
 
@@ -47,6 +53,31 @@ class HostPair:
     a: Host
     b: Host
     namespaces: list[str] = field(default_factory=list)
+    reaper: subprocess.Popen[bytes] | None = None
+
+
+def start_reaper(run_id: str) -> subprocess.Popen[bytes]:
+    """From now on, whatever happens to us, the namespaces of `run_id` will be removed."""
+    return subprocess.Popen(
+        [sys.executable, "-m", "tensorlights.testbed.netns", "reap", "--run-id", run_id],
+        stdin=subprocess.PIPE,
+        start_new_session=True,  # a signal to our process group must not kill it first
+    )
+
+
+def stop_reaper(reaper: subprocess.Popen[bytes] | None) -> None:
+    """After a normal teardown: nothing is left for it, so it exits."""
+    if reaper is not None:
+        assert reaper.stdin is not None
+        reaper.stdin.close()
+        reaper.wait(timeout=30)
+
+
+def reap(run_id: str) -> int:
+    """The reaper: wait until the runner's end of the pipe closes, then remove its run."""
+    sys.stdin.buffer.read()
+    destroy(leftover_namespaces(run_id))
+    return 0
 
 
 def new_run_id() -> str:
@@ -67,6 +98,7 @@ def create_pair(
         run_id,
         Host(ns_a, "veth-a", "10.77.0.1", "fd00:77::1"),
         Host(ns_b, "veth-b", "10.77.0.2", "fd00:77::2"),
+        reaper=start_reaper(run_id),
     )
     try:
         for ns in (ns_a, ns_b):
@@ -75,9 +107,14 @@ def create_pair(
             run(in_ns(ns, "ip", "link", "set", "lo", "up"))
         link_pair(pair, offloads_off, congctl)
     except BaseException:
-        destroy(pair.namespaces)
+        destroy_pair(pair)
         raise
     return pair
+
+
+def destroy_pair(pair: HostPair) -> None:
+    destroy(pair.namespaces)
+    stop_reaper(pair.reaper)
 
 
 def link_pair(pair: HostPair, offloads_off: bool = True, congctl: str = "cubic") -> None:
@@ -175,4 +212,17 @@ def host_pair(offloads_off: bool = True, congctl: str = "cubic") -> Iterator[Hos
     try:
         yield pair
     finally:
-        destroy(pair.namespaces)
+        destroy_pair(pair)
+
+
+def main(argv: list[str] | None = None) -> int:
+    parser = argparse.ArgumentParser(description=(__doc__ or "").split("\n\n")[0])
+    sub = parser.add_subparsers(dest="command", required=True)
+    reaper = sub.add_parser("reap", help="(internal) remove a run's namespaces once it is gone")
+    reaper.add_argument("--run-id", required=True)
+    args = parser.parse_args(argv)
+    return reap(args.run_id)
+
+
+if __name__ == "__main__":
+    sys.exit(main())

@@ -60,3 +60,27 @@ def test_a_killed_runner_leaves_nothing_behind() -> None:
     while cluster_namespaces(run_id) and time.monotonic() < deadline:
         time.sleep(0.1)
     assert cluster_namespaces(run_id) == []
+
+
+PAIR_RUNNER = """
+import time
+from tensorlights.testbed.netns import create_pair
+print(create_pair().run_id, flush=True)
+time.sleep(600)
+"""
+
+
+def test_a_host_pair_of_a_terminated_runner_is_removed_too() -> None:
+    """pytest stopped by SIGTERM runs no fixture teardown: the pair's reaper removes it."""
+    runner = subprocess.Popen(
+        [sys.executable, "-c", PAIR_RUNNER], stdout=subprocess.PIPE, text=True
+    )
+    assert runner.stdout is not None
+    run_id = runner.stdout.readline().strip()
+    assert len(cluster_namespaces(run_id)) == 2
+    runner.terminate()
+    runner.wait()
+    deadline = time.monotonic() + 20
+    while cluster_namespaces(run_id) and time.monotonic() < deadline:
+        time.sleep(0.1)
+    assert cluster_namespaces(run_id) == []
