@@ -10,7 +10,7 @@ from __future__ import annotations
 import json
 import socket
 from collections.abc import Mapping
-from dataclasses import asdict, dataclass, field
+from dataclasses import asdict, dataclass
 from pathlib import Path
 from typing import Any
 
@@ -109,8 +109,6 @@ class AgentStatus:
     """None before the first successful pass."""
     telemetry: TelemetryView | None = None
     """None with telemetry off."""
-    extra: Mapping[str, Any] = field(default_factory=dict)
-    """Keys a newer agent sent that this reader does not know (kept for --json)."""
 
     @property
     def mode(self) -> Mode | None:
@@ -153,7 +151,7 @@ class AgentStatus:
             document["telemetry_error"] = self.telemetry.error
             if self.telemetry.pack is not None:
                 document["pack"] = self.telemetry.pack
-        return {**self.extra, **document}
+        return document
 
     @classmethod
     def from_json(cls, document: Mapping[str, Any]) -> AgentStatus:
@@ -186,7 +184,6 @@ class AgentStatus:
                 error=document.get("telemetry_error"),
                 pack=document.get("pack"),
             )
-        known = _KNOWN_KEYS
         return cls(
             version=document["version"],
             interface=document["interface"],
@@ -202,7 +199,6 @@ class AgentStatus:
             recent_rotations=tuple(AppliedRotationView(**r) for r in rotations.get("recent", [])),
             shaping=shaping,
             telemetry=telemetry,
-            extra={k: v for k, v in document.items() if k not in known},
         )
 
 
@@ -210,34 +206,6 @@ def _link_view(document: Mapping[str, Any]) -> ControllerLinkView:
     fields = {k: v for k, v in document.items() if k != "address"}
     fields["state"] = LinkStatus(fields["state"])
     return ControllerLinkView(document["address"], LinkState(**fields))
-
-
-_KNOWN_KEYS = frozenset(
-    {
-        "version",
-        "interface",
-        "link_rate_bps",
-        "policy",
-        "interval_s",
-        "standalone",
-        "host",
-        "controller",
-        "healthy",
-        "health",
-        "last_error",
-        "rotations",
-        "last_pass",
-        "bands",
-        "dscp",
-        "order",
-        "mode",
-        "plan_generation",
-        "discovery",
-        "telemetry",
-        "telemetry_error",
-        "pack",
-    }
-)
 
 
 def read_status_document(path: Path, timeout_s: float = 5.0) -> dict[str, Any]:

@@ -10,6 +10,7 @@ UNAUTHENTICATED with that reason.
 
 from __future__ import annotations
 
+import functools
 import socket
 import ssl
 from typing import Any
@@ -52,12 +53,16 @@ def peer_common_name(context: grpc.aio.ServicerContext[Any, Any]) -> str | None:
 def peer_roles(context: grpc.aio.ServicerContext[Any, Any]) -> frozenset[Role]:
     """The roles the client certificate carries (SAN URIs urn:tensorlights:role:...); none
     without TLS or without such a URI."""
+    pems = list(context.auth_context().get("x509_pem_cert") or [])
+    return _roles_in(bytes(pems[0])) if pems else frozenset()
+
+
+@functools.lru_cache(maxsize=16384)
+def _roles_in(pem: bytes) -> frozenset[Role]:
+    """Parsed once per certificate: every agent report asks (one certificate per agent)."""
     from cryptography import x509  # the controller's alone: agents do not load it (~20 MiB)
 
-    pems = list(context.auth_context().get("x509_pem_cert") or [])
-    if not pems:
-        return frozenset()
-    certificate = x509.load_pem_x509_certificate(bytes(pems[0]))
+    certificate = x509.load_pem_x509_certificate(pem)
     try:
         names = certificate.extensions.get_extension_for_class(x509.SubjectAlternativeName)
     except x509.ExtensionNotFound:
