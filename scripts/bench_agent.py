@@ -89,7 +89,7 @@ def main() -> None:
                 sys.executable, *(["-m", "cProfile", "-o", args.profile] if args.profile else []),
                 "-m", "tensorlights.cli.agent", "run", "--config", str(config),
                 "--interface", "veth-a", "--link-rate", "200mbit", "--policy", "rotate",
-                "--interval", "1s", "--standalone", "--status-socket", str(sock),
+                "--interval", "1s", "--standalone", "--trust", "any", "--status-socket", str(sock),
                 "--state-dir", str(Path(workdir) / "state"), "--log-level", "warning",
             ]  # fmt: skip
             agent = subprocess.Popen(pair.a.exec_args(*command), env=clean_env())

@@ -48,8 +48,9 @@ def run_policy(policy: str, args: argparse.Namespace) -> list[tuple[str, Agreeme
         command = [
             sys.executable, "-m", "tensorlights.cli.agent", "run", "--config",
             str(Path(workdir) / "none.toml"), "--interface", "veth-a", "--link-rate", "200mbit",
-            "--policy", policy, "--interval", "1s", "--standalone", "--status-socket", str(sock),
-            "--state-dir", str(Path(workdir) / "state"), "--log-level", "warning",
+            "--policy", policy, "--interval", "1s", "--standalone", "--trust", "any",
+            "--status-socket", str(sock), "--state-dir", str(Path(workdir) / "state"),
+            "--log-level", "warning",
         ]  # fmt: skip
         (Path(workdir) / "none.toml").write_text(
             f'[telemetry]\nsample_interval = "{args.sample_interval}"\n'

@@ -175,6 +175,8 @@ class DiscoverySnapshot:
     """(job, role, local process count) for every training process found, PS or not."""
     problems: tuple[str, ...] = ()
     """Processes that look like training jobs but could not be identified, and why."""
+    untrusted: tuple[int, ...] = ()
+    """PIDs whose job claims the trust setting does not believe (listed in `problems`)."""
 
     def jobs(self) -> tuple[str, ...]:
         return tuple(sorted({task.job for task in self.tasks}))

@@ -112,7 +112,7 @@ class AgentApp:
             dataplane = Dataplane(tc, marking=marking(config))
             setup.callback(dataplane.set_marking, None)  # the table its probe made
             self.metrics.dscp_enabled.set(dataplane.marking)
-            scanner = Scanner(config.discovery)
+            scanner = Scanner(config.rules)
             setup.callback(scanner.close)
             sampler = self._sampler(config)
             loads = (lambda: sampler.loads(self.config.link_rate_bps or 1)) if sampler else dict

@@ -7,6 +7,7 @@ not silently fall back to a default). See systemd/agent.toml for a commented exa
 from __future__ import annotations
 
 import math
+import pwd
 import socket
 from collections.abc import Callable, Mapping
 from dataclasses import dataclass, replace
@@ -25,6 +26,7 @@ from tensorlights.configfile import number as read_number
 from tensorlights.configfile import text as read_text
 from tensorlights.datapath.dataplane import Marking
 from tensorlights.discovery.rules import DiscoveryRules, OperatorRule
+from tensorlights.discovery.trust import Trust, TrustMode
 from tensorlights.errors import ConfigError, LinkRateUnknownError
 from tensorlights.model import DatapathSpec
 from tensorlights.policy.bands import PolicyName
@@ -63,6 +65,24 @@ class OnStop(StrEnum):
 
 def _rate(value: Any, key: str) -> int:
     return parse_rate(read_text(value, key))
+
+
+def _uids(value: Any, key: str) -> frozenset[int]:
+    """User names (looked up now) or numeric uids."""
+    if not isinstance(value, list):
+        raise ConfigError(f"{key} must be a list of user names or uids")
+    uids = set()
+    for user in value:
+        if isinstance(user, int) and not isinstance(user, bool) and user >= 0:
+            uids.add(user)
+        elif isinstance(user, str) and user:
+            try:
+                uids.add(pwd.getpwnam(user).pw_uid)
+            except KeyError:
+                raise ConfigError(f"{key}: there is no user {user!r} on this host") from None
+        else:
+            raise ConfigError(f"{key}: {user!r} is neither a user name nor a uid")
+    return frozenset(uids)
 
 
 def _dscp_bands(value: Any, key: str) -> tuple[int, ...]:
@@ -214,6 +234,21 @@ class AgentConfig:
         default_factory=DiscoveryRules,
         table=True,
     )
+    trust: TrustMode = spec.choice_param(
+        "trust",
+        TrustMode,
+        "Whose job claims get a band: resource-manager (a Slurm job cgroup with its user, or "
+        "trusted_users) or any (every launcher variable; single-tenant hosts only).",
+        TrustMode.RESOURCE_MANAGER,
+        "--trust",
+    )
+    trusted_users: frozenset[int] = spec.param(
+        "trusted_users",
+        _uids,
+        "Users (names or uids) whose processes' job claims are believed.",
+        default=frozenset(),
+        show=lambda uids: str(sorted(uids)),
+    )
     dscp_enabled: bool = spec.flag_param(
         "dscp.enabled", "Mark PS packets with their band's DSCP (nftables).", True
     )
@@ -246,6 +281,11 @@ class AgentConfig:
         check=lambda v: v >= 1,
         rule="must be at least 1",
     )
+
+    @property
+    def rules(self) -> DiscoveryRules:
+        """The discovery rules with the trust setting: what the scanner works by."""
+        return discovery_rules_with_trust(self.discovery, self.trust, self.trusted_users)
 
     def __post_init__(self) -> None:
         if not self.interface:
@@ -306,9 +346,20 @@ def load_config_function(
     return load
 
 
-def discovery_rules(file_values: Mapping[str, Any]) -> DiscoveryRules:
-    """Only the [discovery] section of a config file (what `discover` needs)."""
-    return _discovery(file_values.get("discovery", {}))
+def discovery_rules(
+    file_values: Mapping[str, Any], overrides: Mapping[str, Any] | None = None
+) -> DiscoveryRules:
+    """What `discover` needs of a config file (with flags on top): the [discovery] section
+    and the trust setting."""
+    fields = {item.name: spec.default_of(item) for item, _ in spec.params(AgentConfig)}
+    fields.update(spec.read_fields(AgentConfig, spec.merge(file_values, overrides or {})))
+    return discovery_rules_with_trust(fields["discovery"], fields["trust"], fields["trusted_users"])
+
+
+def discovery_rules_with_trust(
+    rules: DiscoveryRules, mode: TrustMode, trusted_uids: frozenset[int]
+) -> DiscoveryRules:
+    return replace(rules, trust=Trust(mode, trusted_uids))
 
 
 def with_link_rate(config: AgentConfig, sysfs: Path = Path("/sys/class/net")) -> AgentConfig:

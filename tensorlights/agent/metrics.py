@@ -67,6 +67,11 @@ class AgentMetrics:
             "Processes that look like training jobs but could not be identified.",
             registry=registry,
         )
+        self.untrusted = Gauge(
+            "tensorlights_untrusted_processes",
+            "Processes claiming a job that the trust setting does not believe (kept unmanaged).",
+            registry=registry,
+        )
         self.green_seconds = Counter(
             "tensorlights_green_seconds_total",
             "Time each job held the green light on this host.",
@@ -138,6 +143,7 @@ class AgentMetrics:
         self.kernel_ops.inc(result.kernel_ops)
         self.ps_processes.set(len(result.snapshot.tasks))
         self.problems.set(len(result.snapshot.problems))
+        self.untrusted.set(len(result.snapshot.untrusted))
         green_before, green_for = None, 0.0
         if previous is not None and previous.plan.green is not None:
             green_before, green_for = previous.plan.green, result.at - previous.at

@@ -109,8 +109,8 @@ class Reconciler:
         is the dataplane's (the app turns it on or off)."""
         if _policy_settings(config) != _policy_settings(self.config):
             self._policy.local = local_policy(config)
-        if config.discovery != self.config.discovery:
-            self._scanner.set_rules(config.discovery)
+        if config.rules != self.config.rules:
+            self._scanner.set_rules(config.rules)
         if config.interface != self.config.interface:
             self._dataplane.cleanup(self.config.interface)
         self.config = config

@@ -135,8 +135,9 @@ class AgentOnHost:
 
     def start(self) -> None:
         self.workdir.mkdir(parents=True, exist_ok=True)
+        # One tenant (root runs every job): the jobs' own variables are believed.
         (self.workdir / "agent.toml").write_text(
-            f'starvation_window = "{self.options.starvation_window}"\n'
+            f'starvation_window = "{self.options.starvation_window}"\ntrust = "any"\n'
         )
         sock = self.workdir / "agent.sock"
         command = [

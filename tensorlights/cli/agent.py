@@ -40,6 +40,7 @@ from tensorlights.daemon.sdnotify import Notifier
 from tensorlights.datapath import BACKENDS, open_datapath
 from tensorlights.datapath.dataplane import Dataplane, remove_everything
 from tensorlights.datapath.tc_messages import format_handle, handle
+from tensorlights.discovery.trust import TrustMode
 from tensorlights.model import Mode
 from tensorlights.policy.tc_plan import FIRST_BAND_MINOR, UNMANAGED_MINOR
 
@@ -195,7 +196,7 @@ def plan(config_path: Path | None, dry_run: bool, as_json: bool, **flags: Any) -
 
     config = with_link_rate(_loader(config_path, flags)())
     dataplane = Dataplane(open_datapath("htb", config.state_dir))  # marks: not written here
-    with Scanner(config.discovery) as scanner:
+    with Scanner(config.rules) as scanner:
         band_plan, spec, change = Reconciler(config, scanner, dataplane).dry_run()
     jobs = [
         {
@@ -325,20 +326,28 @@ def _clock_text(timestamp: float | None) -> str:
     default=None,
     help=f"Take the [discovery] rules from this file [default: {DEFAULT_CONFIG}, if present].",
 )
+@click.option(
+    "--trust",
+    type=click.Choice([mode.value for mode in TrustMode]),
+    default=None,
+    help="Whose job claims to believe [default: the config file's, else resource-manager].",
+)
 @click.option("--json", "as_json", is_flag=True, help="Machine-readable output.")
 @reports_errors
-def discover(config_path: Path | None, as_json: bool) -> None:
+def discover(config_path: Path | None, trust: str | None, as_json: bool) -> None:
     """Find the parameter-server processes on this host, their jobs and their TCP sockets.
 
     A PS is recognised from what its launcher put in its environment (TF_CONFIG task type ps,
     DMLC_ROLE=server, torchrun ROLE_NAME=ps, TENSORLIGHTS_JOB/TENSORLIGHTS_ROLE) or its Slurm
-    job; its children belong to it. Run as root to see every user's processes.
+    job; its children belong to it. Under trust = "resource-manager" a claim counts only in
+    its own Slurm job's cgroup or from a trusted user; others are listed as not trusted.
+    Run as root to see every user's processes.
     """
     from tensorlights.discovery.scanner import Scanner
     from tensorlights.views import snapshot_view
 
     file_values = read_config_file(config_path or DEFAULT_CONFIG, required=config_path is not None)
-    with Scanner(discovery_rules(file_values)) as scanner:
+    with Scanner(discovery_rules(file_values, {"trust": trust})) as scanner:
         view = snapshot_view(scanner.scan())
     if as_json:
         echo_json(view)

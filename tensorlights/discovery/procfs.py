@@ -91,6 +91,7 @@ class ProcFs:
                 environ = proc.environ()
                 cmdline = tuple(proc.cmdline())
                 name = proc.name()
+                uid = proc.uids().real
                 try:
                     exe = os.path.basename(proc.exe())
                 except psutil.AccessDenied:
@@ -110,6 +111,7 @@ class ProcFs:
             cmdline=cmdline,
             environ=environ,
             cgroup=cgroup,
+            uid=uid,
         )
 
     def cmdline_bytes(self, pid: int) -> bytes:

@@ -6,7 +6,8 @@ Precedence, first that applies:
   job:  TENSORLIGHTS_JOB > operator rule > Slurm job id (env or cgroup; the resource manager's
         name, which the controller also learns from Slurm) > the framework's own identity
 A launcher variable that is present but malformed is a *problem* (reported to the operator),
-never silently a non-PS.
+never silently a non-PS. An identity is then believed only as far as `rules.trust` allows
+(discovery/trust.py): one nothing vouches for is a problem too.
 """
 
 from __future__ import annotations
@@ -19,6 +20,7 @@ from dataclasses import dataclass, field
 from string import Template
 from typing import Any
 
+from tensorlights.discovery.trust import Trust, distrust, slurm_task
 from tensorlights.errors import ConfigError
 from tensorlights.model import job_id_problem
 
@@ -36,7 +38,6 @@ ROLES = (PS, WORKER, CHIEF, SCHEDULER, EVALUATOR, TASK)
 ENV_JOB = "TENSORLIGHTS_JOB"
 ENV_ROLE = "TENSORLIGHTS_ROLE"
 
-_SLURM_CGROUP = re.compile(r"/job_(\d+)/step_[^/\n]+/(?:user/)?task_\d+")
 _TF_ROLES = {"ps": PS, "worker": WORKER, "chief": CHIEF, "master": CHIEF, "evaluator": EVALUATOR}
 _DMLC_ROLES = {"server": PS, "worker": WORKER, "scheduler": SCHEDULER}
 
@@ -49,6 +50,8 @@ class ProcessFacts:
     cmdline: tuple[str, ...]
     environ: Mapping[str, str]
     cgroup: str
+    uid: int
+    """Real user id."""
 
 
 @dataclass(frozen=True)
@@ -69,6 +72,8 @@ class Identity:
 class Verdict:
     identity: Identity | None
     problem: str | None = None
+    untrusted: bool = False
+    """An identity was found but not believed (see `DiscoveryRules.trust`)."""
 
 
 @dataclass(frozen=True)
@@ -110,6 +115,8 @@ class DiscoveryRules:
     slurm_ps_procids: frozenset[int] = frozenset()
     """SLURM_PROCID values that mean parameter server, for jobs with no framework variables."""
     operator_rules: tuple[OperatorRule, ...] = ()
+    trust: Trust = field(default_factory=Trust)
+    """Whose claims are believed; by default only what a resource manager vouches for."""
 
 
 def identify(facts: ProcessFacts, rules: DiscoveryRules) -> Verdict:
@@ -157,6 +164,8 @@ def identify(facts: ProcessFacts, rules: DiscoveryRules) -> Verdict:
         return Verdict(None, f"role {role} from {source} but no job id: set {ENV_JOB}")
     if problem := job_id_problem(job):
         return Verdict(None, problem)
+    if reason := distrust(job, source, facts.uid, facts.cgroup, rules.trust):
+        return Verdict(None, "; ".join(filter(None, (problem, reason))), untrusted=True)
     return Verdict(Identity(job=job, role=role, source=source, peers=peers), problem)
 
 
@@ -248,8 +257,8 @@ def _slurm_job(env: Mapping[str, str], cgroup: str) -> str | None:
     job_id = env.get("SLURM_JOB_ID", "").strip()
     if job_id.isdigit():
         return job_id
-    match = _SLURM_CGROUP.search(cgroup)
-    return match.group(1) if match else None
+    task = slurm_task(cgroup)
+    return None if task is None else str(task.job_id)
 
 
 def _slurm_role(env: Mapping[str, str], rules: DiscoveryRules, problems: list[str]) -> str:

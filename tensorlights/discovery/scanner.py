@@ -48,6 +48,8 @@ class _Entry:
     """Until then (scanner clock) its command line is re-read every scan, to catch exec()."""
     identity: Identity | None = None
     problem: str | None = None
+    untrusted: bool = False
+    """It claims a job nothing vouches for: it inherits no PS parent's job either."""
     hidden: bool = False
     inherited: bool = False
     netns: int | None = None
@@ -146,6 +148,7 @@ class Scanner:
             tasks=tuple(sorted(tasks, key=lambda task: (task.job, task.pid))),
             members=self._members(),
             problems=self._problems(),
+            untrusted=tuple(sorted(pid for pid, e in self._entries.items() if e.untrusted)),
         )
 
     def _inspect(self, pid: int, now: float) -> list[_Entry]:
@@ -177,6 +180,7 @@ class Scanner:
                 entry.hidden = True
             else:
                 entry.identity, entry.problem = verdict.identity, verdict.problem
+                entry.untrusted = verdict.untrusted
         self._entries[pid] = entry
         return [entry]
 
@@ -209,7 +213,7 @@ class Scanner:
 
     def _inherit(self, entries: Iterable[_Entry]) -> None:
         for entry in list(entries):
-            if entry.identity is not None or entry.hidden:
+            if entry.identity is not None or entry.hidden or entry.untrusted:
                 continue
             parent = self._entries.get(entry.ppid)
             depth = 0

@@ -30,7 +30,7 @@ from dataclasses import dataclass
 from typing import Any
 
 from tensorlights.agent.status import AgentStatus
-from tensorlights.discovery.rules import DiscoveryRules, ProcessFacts, identify
+from tensorlights.discovery.rules import launcher_job
 from tensorlights.telemetry.accuracy import Measured
 
 CHUNK = 256 * 1024
@@ -188,10 +188,9 @@ def tf_launcher_env(tag: str, workers: int) -> dict[str, str]:
 
 def tf_job_id(tag: str, workers: int) -> str:
     """The job id discovery gives job `tag`'s processes (from their TF_CONFIG)."""
-    facts = ProcessFacts(0, "python", "python", (), tf_launcher_env(tag, workers), "")
-    identity = identify(facts, DiscoveryRules()).identity
-    assert identity is not None
-    return identity.job
+    found = launcher_job(tf_launcher_env(tag, workers))
+    assert found is not None
+    return found[0]
 
 
 def collect_iterations(

@@ -6,9 +6,15 @@ each), all configured in a private temporary directory, on free localhost ports.
         slurm.command("sbatch", "-N2", "-n4", "--wrap", "srun sleep 30")
         slurm.command("squeue", "--json")
 
-Teardown cancels every job, waits for their steps to end, stops the daemons, and kills any
-step still running from the private directory. Needs root and the slurmctld, slurmd, munge
-and slurm-client packages (scripts/setup.sh test installs them).
+Where a cgroup v1 freezer hierarchy is mounted (these machines), tasks are tracked as on a
+real cluster: proctrack/cgroup puts each in `slurm_<node>/uid_<uid>/job_<id>/step_<step>`,
+which is what lets agents believe a task's job (discovery/trust.py); `cgroups` says whether
+this cluster does. (Slurm's cgroup v2 plugin needs systemd, which these machines lack.)
+
+Teardown cancels every job, waits for their steps to end, stops the daemons, kills any step
+still running from the private directory or the nodes' cgroups, and removes those. Needs root
+and the slurmctld, slurmd, munge and slurm-client packages (scripts/setup.sh test installs
+them).
 """
 
 from __future__ import annotations
@@ -26,6 +32,7 @@ from dataclasses import dataclass, field
 from pathlib import Path
 
 DAEMONS = ("munged", "slurmctld", "slurmd")
+FREEZER = Path("/sys/fs/cgroup/freezer")
 
 
 def _free_port() -> int:
@@ -38,6 +45,9 @@ def _free_port() -> int:
 class SlurmCluster:
     root: Path
     nodes: tuple[str, ...]
+    cgroups: bool
+    """Tasks sit in their job's cgroup (proctrack/cgroup); else only Slurm's own bookkeeping
+    knows them (proctrack/linuxproc)."""
     processes: list[subprocess.Popen[bytes]] = field(default_factory=list)
 
     @property
@@ -58,7 +68,13 @@ class SlurmCluster:
         return result
 
 
-def _config(root: Path, nodes: Sequence[str], ctld_port: int, node_ports: list[int]) -> str:
+def _config(
+    root: Path, nodes: Sequence[str], ctld_port: int, node_ports: list[int], cgroups: bool
+) -> str:
+    if cgroups:
+        (root / "cgroup.conf").write_text(
+            f"CgroupPlugin=cgroup/v1\nCgroupAutomount=no\nCgroupMountpoint={FREEZER.parent}\n"
+        )
     lines = [
         f"ClusterName=tl{os.getpid()}",
         "SlurmctldHost=localhost(127.0.0.1)",
@@ -74,7 +90,7 @@ def _config(root: Path, nodes: Sequence[str], ctld_port: int, node_ports: list[i
         f"SlurmdPidFile={root}/slurmd.%n.pid",
         f"SlurmctldLogFile={root}/log/slurmctld.log",
         f"SlurmdLogFile={root}/log/slurmd.%n.log",
-        "ProctrackType=proctrack/linuxproc",
+        f"ProctrackType=proctrack/{'cgroup' if cgroups else 'linuxproc'}",
         "TaskPlugin=task/none",
         "ReturnToService=2",
         "SchedulerType=sched/backfill",
@@ -101,14 +117,15 @@ def start_slurm(nodes: Sequence[str], ready_timeout_s: float = 30) -> SlurmClust
         raise RuntimeError(f"Slurm is not installed (missing {missing}): scripts/setup.sh test")
     root = Path(tempfile.mkdtemp(prefix="tl-slurm-"))
     os.chmod(root, 0o700)  # munged refuses keys and sockets others could reach
-    cluster = SlurmCluster(root, tuple(nodes))
+    cluster = SlurmCluster(root, tuple(nodes), cgroups=(FREEZER / "cgroup.procs").exists())
     try:
         for sub in ("state", "spool", "log"):
             (root / sub).mkdir()
         key = root / "munge.key"
         key.write_bytes(os.urandom(1024))
         key.chmod(0o600)
-        cluster.conf.write_text(_config(root, nodes, _free_port(), [_free_port() for _ in nodes]))
+        ports = [_free_port() for _ in nodes]
+        cluster.conf.write_text(_config(root, nodes, _free_port(), ports, cluster.cgroups))
         munged = [
             "munged", "--foreground", f"--socket={root}/munge.sock", f"--key-file={key}",
             f"--pid-file={root}/munged.pid", f"--log-file={root}/log/munged.log",
@@ -168,7 +185,26 @@ def stop_slurm(cluster: SlurmCluster) -> None:
                 proc.kill()
                 proc.wait()
     _kill_leftover_steps(cluster.root)
+    if cluster.cgroups:
+        _remove_cgroups([FREEZER / f"slurm_{node}" for node in cluster.nodes])
     shutil.rmtree(cluster.root, ignore_errors=True)
+
+
+def _remove_cgroups(tops: Sequence[Path], timeout_s: float = 10) -> None:
+    """The nodes' cgroup trees: any process still in them (a step slurmd lost track of) is
+    killed, then the trees are removed deepest first."""
+    end = time.monotonic() + timeout_s
+    for top in tops:
+        while top.is_dir():
+            directories = sorted((p for p in top.rglob("*") if p.is_dir()), reverse=True)
+            for directory in [*directories, top]:
+                with contextlib.suppress(OSError):
+                    for pid in (directory / "cgroup.procs").read_text().split():
+                        os.kill(int(pid), signal.SIGKILL)
+                    directory.rmdir()
+            if time.monotonic() > end:
+                raise RuntimeError(f"{top} still holds processes after {timeout_s} s")
+            time.sleep(0.05)
 
 
 def _kill_leftover_steps(root: Path) -> None:

@@ -71,10 +71,16 @@ class Holder:
 
 
 def start_holder(
-    env: Mapping[str, str], *args: str, prefix: Sequence[str] = (), timeout: float = 20
+    env: Mapping[str, str],
+    *args: str,
+    prefix: Sequence[str] = (),
+    timeout: float = 20,
+    python: str = sys.executable,
 ) -> Holder:
+    """`python`: another interpreter (this module needs only the standard library), e.g. one
+    an unprivileged user may run where ours lives in root's home."""
     proc = subprocess.Popen(
-        [*prefix, *HOLDER, *args],
+        [*prefix, python, *HOLDER[1:], *args],
         env=clean_env(env),
         stdin=subprocess.PIPE,
         stdout=subprocess.PIPE,

@@ -27,8 +27,10 @@ class AgentProcess:
         *flags: str,
         standalone: bool = True,
         metrics: str = METRICS,
+        trust: str = "any",
     ) -> None:
-        """An agent on `where`: a pair's sender (veth-a) or a cluster host (its eth0)."""
+        """An agent on `where`: a pair's sender (veth-a) or a cluster host (its eth0). The
+        test's jobs are root processes naming themselves: believed unless `trust` says not."""
         self.host = where.a if isinstance(where, netns.HostPair) else where
         self.metrics = metrics
         self.workdir = workdir
@@ -42,6 +44,8 @@ class AgentProcess:
             "--link-rate",
             "200mbit",
             *(["--standalone"] if standalone else []),
+            "--trust",
+            trust,
             "--metrics-address",
             metrics,
             "--status-socket",

@@ -318,6 +318,8 @@ def test_plan_dry_run_shows_the_jobs_and_touches_nothing(
             "veth-a",
             "--link-rate",
             "200mbit",
+            "--trust",
+            "any",
             "--state-dir",
             str(tmp_path),
         ),

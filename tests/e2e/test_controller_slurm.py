@@ -1,5 +1,7 @@
 """Membership from a real Slurm: a multi-task job with a PS task and worker tasks on two
-nodes; the controller reports the job, its nodes (Slurm) and its PS host (the agent there)."""
+nodes; the controller reports the job, its nodes (Slurm) and its PS host (the agent there).
+The agent runs with the default trust: the Slurm task is believed because Slurm put it in its
+job's cgroup, while a process beside it that only names itself a PS is not (issue 19, item 5)."""
 
 from __future__ import annotations
 
@@ -12,9 +14,9 @@ import pytest
 
 from tensorlights.testbed import netns
 from tensorlights.testbed.slurm import slurm_cluster
-from tensorlights.testbed.socket_holder import clean_env
+from tensorlights.testbed.socket_holder import clean_env, start_holder
 
-from .agentproc import AgentProcess
+from .agentproc import AgentProcess, metric
 from .controllerproc import ControllerProcess, agent_config, make_pki
 
 pytestmark = [
@@ -33,6 +35,8 @@ def test_controller_reports_a_slurm_job_with_its_nodes_and_ps_host(
 ) -> None:
     pki = make_pki(tmp_path / "pki", [pair.b.ipv4], ["n1"])
     with slurm_cluster(["n1", "n2"]) as slurm:
+        if not slurm.cgroups:
+            pytest.skip("no cgroup v1 freezer: Slurm cannot put tasks in job cgroups here")
         # Task 0 (the PS) runs in the namespace of the agent of node n1; the workers do not.
         script = tmp_path / "task.sh"
         script.write_text(
@@ -62,7 +66,12 @@ def test_controller_reports_a_slurm_job_with_its_nodes_and_ps_host(
             tmp_path / "n1" / "agent.toml", f"{pair.b.ipv4}:9740", pki, "n1",
             extra="[discovery]\nslurm_ps_procids = [0]\n",
         )  # fmt: skip
-        agent = AgentProcess(pair, tmp_path / "n1", standalone=False)
+        agent = AgentProcess(pair, tmp_path / "n1", standalone=False, trust="resource-manager")
+        # Beside the Slurm job on the agent's host: a process that claims to be a PS.
+        hostile = start_holder(
+            {"TENSORLIGHTS_JOB": "grab", "TENSORLIGHTS_ROLE": "ps"},
+            "--host", pair.a.ipv4, prefix=pair.a.exec_args(),
+        )  # fmt: skip
         try:
 
             def reported() -> bool:
@@ -83,8 +92,27 @@ def test_controller_reports_a_slurm_job_with_its_nodes_and_ps_host(
             assert found["user"] == "root"
             (host,) = controller.query("hosts")
             assert host["host"] == "n1" and host["connected"] and host["jobs"] == [job]
-            agent.wait_status(lambda d: d.get("mode") == "plan" and d.get("order") == [job])
+
+            def refused(problems: list[str]) -> bool:
+                return any(
+                    f"pid {hostile.pid} " in p and "not trusted: job grab (env, uid 0)" in p
+                    for p in problems
+                )
+
+            status = agent.wait_status(
+                lambda d: (
+                    d.get("mode") == "plan"
+                    and d.get("order") == [job]
+                    and refused(d["discovery"]["problems"])
+                )
+            )
+            # The claim is not believed: no band, not reported, listed as a problem, counted.
+            assert "grab" not in status["bands"]
+            assert all(j["job"] != "grab" for j in controller.query("jobs"))
+            _, metrics = agent.http("/metrics")
+            assert metric(metrics, "tensorlights_untrusted_processes") == 1
         finally:
+            hostile.stop()
             agent.stop()
             controller.stop()
             slurm.command("scancel", str(slurm_id), check=False)

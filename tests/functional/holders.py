@@ -4,12 +4,17 @@ from __future__ import annotations
 
 import json
 import time
+import uuid
 from collections.abc import Callable, Iterator, Mapping
 from contextlib import contextmanager
+from pathlib import Path
 from typing import Any
+
+import pytest
 
 from tensorlights.discovery.rules import DiscoveryRules
 from tensorlights.discovery.scanner import Scanner
+from tensorlights.discovery.trust import TRUST_ANY
 from tensorlights.model import DiscoverySnapshot
 from tensorlights.testbed.socket_holder import Holder, start_holder
 
@@ -47,7 +52,45 @@ def scan_until(
 
 
 def new_scanner(rules: DiscoveryRules | None = None, **kwargs: Any) -> Scanner:
-    return Scanner(rules or DiscoveryRules(), **kwargs)
+    """A scanner that believes the test's own processes unless `rules` say otherwise."""
+    return Scanner(rules or DiscoveryRules(trust=TRUST_ANY), **kwargs)
+
+
+def cgroup_mount() -> Path | None:
+    """The cgroup v2 mount, else a v1 freezer (Slurm's own v1 choice), from /proc/mounts."""
+    mounts = [line.split() for line in Path("/proc/mounts").read_text().splitlines()]
+    for fstype, option in (("cgroup2", None), ("cgroup", "freezer")):
+        for _, target, kind, options, *_ in mounts:
+            if kind == fstype and (option is None or option in options.split(",")):
+                return Path(target)
+    return None
+
+
+@contextmanager
+def slurm_shaped_cgroup(relative: str) -> Iterator[Path]:
+    """A Slurm-shaped cgroup subtree of our own (`relative` under a unique directory) on a
+    real cgroup filesystem, removed afterwards (its processes are moved back to the root
+    cgroup first). Skips the test where no cgroup can be made."""
+    mount = cgroup_mount()
+    if mount is None:
+        pytest.skip("no cgroup filesystem is mounted")
+    base = mount / f"tl-test-{uuid.uuid4().hex[:8]}"
+    leaf = base / relative
+    try:
+        leaf.mkdir(parents=True)
+    except OSError as exc:
+        pytest.skip(f"cannot create a cgroup under {mount}: {exc}")
+    try:
+        assert (leaf / "cgroup.procs").exists(), f"{mount} is not a cgroup filesystem"
+        yield leaf
+    finally:
+        for directory in [leaf, *leaf.parents]:
+            if directory == mount:
+                break
+            for pid in (directory / "cgroup.procs").read_text().split():
+                with open(mount / "cgroup.procs", "w") as procs:
+                    procs.write(pid)
+            directory.rmdir()
 
 
 def tf_config(task_type: str, index: int | str, workers: int = 2, tag: str = "a") -> str:

@@ -5,7 +5,6 @@ from __future__ import annotations
 import json
 import subprocess
 import sys
-import uuid
 from collections.abc import Iterator, Mapping
 from pathlib import Path
 
@@ -13,10 +12,19 @@ import pytest
 
 from tensorlights.discovery.procfs import ProcessGone, ProcFs, ProcKey
 from tensorlights.discovery.rules import DiscoveryRules, OperatorRule, ProcessFacts
+from tensorlights.discovery.trust import TRUST_ANY
 from tensorlights.model import DiscoverySnapshot, PsTask
 from tensorlights.testbed import netns
 
-from .holders import Holder, holders, new_scanner, scan_until, start_holder, tf_config
+from .holders import (
+    Holder,
+    holders,
+    new_scanner,
+    scan_until,
+    slurm_shaped_cgroup,
+    start_holder,
+    tf_config,
+)
 
 
 def task_of(snapshot: DiscoverySnapshot, pid: int) -> PsTask | None:
@@ -51,7 +59,9 @@ def test_tf_config_ps_found_with_its_sockets_and_workers_are_members_only() -> N
 
 
 def test_each_launcher_environment_identifies_its_ps() -> None:
-    rules = DiscoveryRules(torch_ps_ranks=frozenset({0}), slurm_ps_procids=frozenset({0}))
+    rules = DiscoveryRules(
+        torch_ps_ranks=frozenset({0}), slurm_ps_procids=frozenset({0}), trust=TRUST_ANY
+    )
     cases = {
         "dmlc/10.0.0.9:9000": {
             "DMLC_ROLE": "server",
@@ -88,7 +98,8 @@ def test_operator_rule_names_the_job_from_the_command_line() -> None:
         job="legacy-${name}",
         cmdline_regex=r"--connections (?P<name>\d+)",
     )
-    with holders() as start, new_scanner(DiscoveryRules(operator_rules=(rule,))) as scanner:
+    rules = DiscoveryRules(operator_rules=(rule,), trust=TRUST_ANY)
+    with holders() as start, new_scanner(rules) as scanner:
         holder = start({}, "--connections", "2")
         snapshot = scan_until(scanner, has_ports(holder))
         task = task_of(snapshot, holder.pid)
@@ -98,7 +109,8 @@ def test_operator_rule_names_the_job_from_the_command_line() -> None:
 
 def test_sockets_of_a_child_process_belong_to_the_ps_job() -> None:
     rule = OperatorRule(name="by-env", role="ps", job="parent-job", env={"PS_MARK": "1"})
-    with holders() as start, new_scanner(DiscoveryRules(operator_rules=(rule,))) as scanner:
+    rules = DiscoveryRules(operator_rules=(rule,), trust=TRUST_ANY)
+    with holders() as start, new_scanner(rules) as scanner:
         # The child execs without PS_MARK: only its parentage tells it is part of the PS.
         holder = start({"PS_MARK": "1"}, "--child", "--child-unset", "PS_MARK")
         child_ports = {holder.report["child_listen_port"]}
@@ -307,40 +319,10 @@ def test_ps_in_another_network_namespace_is_followed(pair: netns.HostPair) -> No
         assert snapshot.job_ports() == {}  # not on the agent's own interfaces
 
 
-def _cgroup_mount() -> Path | None:
-    """The cgroup v2 mount, else a v1 freezer (Slurm's own v1 choice), from /proc/mounts."""
-    mounts = [line.split() for line in Path("/proc/mounts").read_text().splitlines()]
-    for fstype, option in (("cgroup2", None), ("cgroup", "freezer")):
-        for _, target, kind, options, *_ in mounts:
-            if kind == fstype and (option is None or option in options.split(",")):
-                return Path(target)
-    return None
-
-
 @pytest.fixture
 def slurm_cgroup() -> Iterator[Path]:
-    """A Slurm-shaped cgroup subtree of our own on a real cgroup filesystem, removed afterwards
-    (its processes are moved back to the root cgroup first)."""
-    mount = _cgroup_mount()
-    if mount is None:
-        pytest.skip("no cgroup filesystem is mounted")
-    base = mount / f"tl-test-{uuid.uuid4().hex[:8]}"
-    leaf = base / "job_9137" / "step_0" / "user" / "task_0"
-    try:
-        leaf.mkdir(parents=True)
-    except OSError as exc:
-        pytest.skip(f"cannot create a cgroup under {mount}: {exc}")
-    try:
-        assert (leaf / "cgroup.procs").exists(), f"{mount} is not a cgroup filesystem"
+    with slurm_shaped_cgroup("job_9137/step_0/user/task_0") as leaf:
         yield leaf
-    finally:
-        for directory in [leaf, *leaf.parents]:
-            if directory == mount:
-                break
-            for pid in (directory / "cgroup.procs").read_text().split():
-                with open(mount / "cgroup.procs", "w") as procs:
-                    procs.write(pid)
-            directory.rmdir()
 
 
 @pytest.mark.root
@@ -367,6 +349,7 @@ def test_discover_command_uses_the_config_files_rules(tmp_path: Path) -> None:
     with holders() as start:
         holder = start({"MARK": "yes"})
         command = [sys.executable, "-m", "tensorlights.cli.agent", "discover", "--json"]
+        command += ["--trust", "any"]
         out = subprocess.run(
             [*command, "--config", str(config)], capture_output=True, text=True, check=True
         ).stdout

@@ -10,10 +10,12 @@ from tensorlights.agent.config import (
     AgentConfig,
     OnStop,
     build_config,
+    discovery_rules,
     with_link_rate,
 )
 from tensorlights.configfile import parse_address, read_config_file
 from tensorlights.daemon.health import Health
+from tensorlights.discovery.trust import Trust, TrustMode
 from tensorlights.errors import ConfigError, LinkRateUnknownError
 from tensorlights.policy.bands import PolicyName
 
@@ -69,6 +71,10 @@ def test_defaults() -> None:
         ({"interface": "eth0", "discovery": {"torch_ps_ranks": [-1]}}, "non-negative"),
         ({"interface": "eth0", "discovery": {"extra": 1}}, "unknown [discovery] keys"),
         ({"interface": "eth0", "discovery": {"rule": [{"name": "r"}]}}, "rule r"),
+        ({"interface": "eth0", "trust": "everyone"}, "trust must be one of resource-manager, any"),
+        ({"interface": "eth0", "trusted_users": "root"}, "trusted_users must be a list"),
+        ({"interface": "eth0", "trusted_users": ["no-such-user-x"]}, "no user 'no-such-user-x'"),
+        ({"interface": "eth0", "trusted_users": [-1]}, "neither a user name nor a uid"),
     ],
 )
 def test_invalid_configs_are_refused_with_a_clear_message(
@@ -94,6 +100,18 @@ def test_discovery_rules_from_the_file() -> None:
     assert config.discovery.torch_ps_ranks == {0}
     assert config.discovery.slurm_ps_procids == {0, 1}
     assert config.discovery.operator_rules[0].job == "j-${X}"
+
+
+def test_trust_defaults_to_the_resource_manager_and_reaches_the_scanner_rules() -> None:
+    strict = build_config({"interface": "eth0"}, {}).rules.trust
+    assert strict == Trust(TrustMode.RESOURCE_MANAGER, frozenset())
+    config = build_config({"interface": "eth0", "trusted_users": ["root", 1234]}, {"trust": "any"})
+    assert config.rules.trust == Trust(TrustMode.ANY, frozenset({0, 1234}))
+    # `discover` reads the same keys from a file, with its own --trust on top.
+    file_values = {"interface": "eth0", "trust": "any", "discovery": {"torch_ps_ranks": [0]}}
+    assert discovery_rules(file_values).trust.mode is TrustMode.ANY
+    assert discovery_rules(file_values).torch_ps_ranks == {0}
+    assert discovery_rules(file_values, {"trust": "resource-manager"}).trust == Trust()
 
 
 def test_config_file_errors(tmp_path: Path) -> None:

@@ -17,6 +17,7 @@ from tensorlights.discovery.rules import (
     Verdict,
     identify,
 )
+from tensorlights.discovery.trust import TRUST_ANY
 from tensorlights.errors import ConfigError
 from tensorlights.model import DiscoverySnapshot, PsConnection, PsTask
 
@@ -26,12 +27,19 @@ def facts(
     cgroup: str = "0::/user.slice\n",
     cmdline: tuple[str, ...] = ("python", "train.py"),
     exe: str = "python3.11",
+    uid: int = 1000,
 ) -> ProcessFacts:
-    return ProcessFacts(pid=1, name="python", exe=exe, cmdline=cmdline, environ=env, cgroup=cgroup)
+    return ProcessFacts(
+        pid=1, name="python", exe=exe, cmdline=cmdline, environ=env, cgroup=cgroup, uid=uid
+    )
+
+
+BELIEVE_ALL = DiscoveryRules(trust=TRUST_ANY)
 
 
 def verdict(env: Mapping[str, str], rules: DiscoveryRules | None = None, **kw: str) -> Verdict:
-    return identify(facts(env, **kw), rules or DiscoveryRules())  # type: ignore[arg-type]
+    """Identification alone: every claim believed (trust is tested on its own below)."""
+    return identify(facts(env, **kw), rules or BELIEVE_ALL)  # type: ignore[arg-type]
 
 
 def tf(task: dict[str, object], cluster: dict[str, list[str]] | None = None) -> dict[str, str]:
@@ -131,7 +139,9 @@ def test_launcher_environments(env: dict[str, str], job: str, role: str) -> None
 
 
 def test_torch_rank_rule_and_slurm_procid_rule() -> None:
-    rules = DiscoveryRules(torch_ps_ranks=frozenset({0}), slurm_ps_procids=frozenset({0, 1}))
+    rules = DiscoveryRules(
+        trust=TRUST_ANY, torch_ps_ranks=frozenset({0}), slurm_ps_procids=frozenset({0, 1})
+    )
     torch = {"MASTER_ADDR": "m", "MASTER_PORT": "5"}
     assert verdict({**torch, "RANK": "0"}, rules).identity.role == "ps"  # type: ignore[union-attr]
     assert verdict({**torch, "RANK": "2"}, rules).identity.role == "worker"  # type: ignore[union-attr]
@@ -150,6 +160,7 @@ def test_torch_rank_rule_and_slurm_procid_rule() -> None:
     [
         "0::/system.slice/slurmstepd.scope/job_812/step_0/user/task_3\n",
         "4:freezer:/slurm/uid_1000/job_812/step_batch/task_0\n0::/\n",
+        "6:freezer:/slurm_n1/uid_65534/job_812/step_0\n0::/\n",  # proctrack/cgroup, as measured
     ],
 )
 def test_slurm_job_from_cgroup_v1_and_v2(cgroup: str) -> None:
@@ -159,8 +170,11 @@ def test_slurm_job_from_cgroup_v1_and_v2(cgroup: str) -> None:
 
 
 def test_slurmstepd_itself_is_not_a_task() -> None:
-    cgroup = "0::/system.slice/slurmstepd.scope/job_812/step_0/slurm\n"
-    assert verdict({}, cgroup=cgroup).identity is None
+    for cgroup in (
+        "0::/system.slice/slurmstepd.scope/job_812/step_0/slurm\n",
+        "6:freezer:/slurm_n1/uid_0/job_812\n",
+    ):
+        assert verdict({}, cgroup=cgroup).identity is None
 
 
 def test_slurm_job_id_names_a_framework_job_and_explicit_env_wins_over_all() -> None:
@@ -185,7 +199,7 @@ def test_operator_rules_match_on_exe_env_and_cmdline_and_template_the_job() -> N
         env={"TEAM": "vision"},
         cmdline_regex=r"--shard=(?P<shard>\d+)",
     )
-    rules = DiscoveryRules(operator_rules=(rule,))
+    rules = DiscoveryRules(trust=TRUST_ANY, operator_rules=(rule,))
     env = {"TEAM": "vision", "CLUSTER": "c1"}
     cmd = ("python", "serve.py", "--shard=7")
     identity = identify(facts(env, cmdline=cmd), rules).identity
@@ -216,7 +230,7 @@ def test_arbitrary_environments_never_raise(env: dict[str, str]) -> None:
     rng = random.Random(len(env))
     for key in rng.sample(keys, 2):
         env[key] = rng.choice(["", "0", "{}", "ps", '{"task": 1}', "[1]", "null"])
-    identify(facts(env), DiscoveryRules(torch_ps_ranks=frozenset({0})))
+    identify(facts(env), DiscoveryRules(trust=TRUST_ANY, torch_ps_ranks=frozenset({0})))
 
 
 def _task(job: str, pid: int, ports: set[int], in_ns: bool = True) -> PsTask:

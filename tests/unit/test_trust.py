@@ -1,0 +1,102 @@
+"""Whose claims discovery believes (issue 19, item 5): under the default trust only what a
+Slurm job cgroup or the operator's trusted_users vouches for gets a job identity."""
+
+from __future__ import annotations
+
+import json
+from collections.abc import Mapping
+
+from hypothesis import given
+from hypothesis import strategies as st
+
+from tensorlights.discovery.rules import DiscoveryRules, ProcessFacts, Verdict, identify
+from tensorlights.discovery.trust import TRUST_ANY, Trust, TrustMode
+
+STRICT = DiscoveryRules()
+V1_TASK = "6:freezer:/slurm_n1/uid_1000/job_812/step_0\n0::/\n"
+V2_TASK = "0::/system.slice/slurmstepd.scope/job_812/step_0/user/task_3\n"
+CLAIM_PS = {"TENSORLIGHTS_JOB": "mine", "TENSORLIGHTS_ROLE": "ps"}
+
+
+def judge(
+    env: Mapping[str, str], rules: DiscoveryRules = STRICT, *, uid: int = 1000, cgroup: str = ""
+) -> Verdict:
+    facts = ProcessFacts(1, "python", "python3", ("python",), env, cgroup or "0::/\n", uid)
+    return identify(facts, rules)
+
+
+def test_the_default_is_to_trust_only_what_a_resource_manager_vouches_for() -> None:
+    assert DiscoveryRules().trust.mode is TrustMode.RESOURCE_MANAGER
+
+
+def test_a_self_declared_ps_is_not_believed_and_says_why() -> None:
+    result = judge(CLAIM_PS)
+    assert result.identity is None and result.untrusted
+    assert result.problem is not None
+    assert "not trusted: job mine (env, uid 1000) is self-declared" in result.problem
+    assert 'trust = "any"' in result.problem  # the way out, for single-tenant hosts
+    believed = judge(CLAIM_PS, DiscoveryRules(trust=TRUST_ANY)).identity
+    assert believed is not None and (believed.job, believed.role) == ("mine", "ps")
+
+
+def test_a_slurm_task_is_believed_for_its_own_job_only() -> None:
+    rules = DiscoveryRules(slurm_ps_procids=frozenset({0}))
+    task = {"SLURM_JOB_ID": "812", "SLURM_STEP_ID": "0", "SLURM_PROCID": "0"}
+    for cgroup in (V1_TASK, V2_TASK):
+        found = judge(task, rules, cgroup=cgroup).identity
+        assert found is not None and (found.job, found.role) == ("slurm/812", "ps")
+        # A framework's own identity inside the job is renamed to the Slurm job: believed.
+        tf = {"TF_CONFIG": json.dumps({"cluster": {"ps": ["a:1"]}, "task": {"type": "ps"}})}
+        assert judge(tf, cgroup=cgroup).identity is not None
+        # Claiming another job from inside job 812: by variable, by TENSORLIGHTS_JOB.
+        for env in ({**task, "SLURM_JOB_ID": "7"}, {**task, "TENSORLIGHTS_JOB": "other"}):
+            refused = judge(env, rules, cgroup=cgroup)
+            assert refused.identity is None and refused.untrusted
+            assert "but runs in Slurm job 812's cgroup" in (refused.problem or "")
+
+
+def test_a_slurm_task_must_run_as_the_user_its_cgroup_names() -> None:
+    refused = judge(CLAIM_PS | {"SLURM_JOB_ID": "812", "TENSORLIGHTS_JOB": ""}, uid=1001,
+                    cgroup=V1_TASK)  # fmt: skip
+    assert refused.identity is None
+    assert "runs as uid 1001 in the cgroup of uid 1000's Slurm job 812" in (refused.problem or "")
+
+
+def test_slurm_variables_without_the_cgroup_are_only_a_claim() -> None:
+    result = judge({"SLURM_JOB_ID": "812", "SLURM_STEP_ID": "0", "SLURM_PROCID": "0"})
+    assert result.identity is None and result.untrusted
+
+
+def test_trusted_users_are_believed_whatever_they_claim() -> None:
+    rules = DiscoveryRules(trust=Trust(TrustMode.RESOURCE_MANAGER, frozenset({1000})))
+    assert judge(CLAIM_PS, rules).identity is not None
+    assert judge(CLAIM_PS, rules, uid=1001).identity is None
+
+
+def test_a_malformed_claim_stays_a_plain_problem_not_a_trust_one() -> None:
+    result = judge({"TENSORLIGHTS_JOB": "bad\x1bjob", "TENSORLIGHTS_ROLE": "ps"})
+    assert result.identity is None and not result.untrusted
+
+
+NAMES = [
+    *("TENSORLIGHTS_JOB", "TENSORLIGHTS_ROLE", "TF_CONFIG", "DMLC_ROLE", "DMLC_PS_ROOT_URI"),
+    *("DMLC_PS_ROOT_PORT", "TORCHELASTIC_RUN_ID", "ROLE_NAME", "RANK", "MASTER_ADDR"),
+    *("MASTER_PORT", "SLURM_JOB_ID", "SLURM_STEP_ID", "SLURM_PROCID"),
+]
+LAUNCHER_VARIABLES = st.dictionaries(
+    st.sampled_from(NAMES),
+    st.sampled_from(["ps", "server", "0", "1", "9000", "job-a", "x", "slurm/5", "{}"]),
+)
+
+
+@given(env=LAUNCHER_VARIABLES, uid=st.integers(0, 70000))
+def test_outside_a_slurm_job_no_environment_earns_an_identity(
+    env: dict[str, str], uid: int
+) -> None:
+    assert judge(env, DiscoveryRules(slurm_ps_procids=frozenset({0})), uid=uid).identity is None
+
+
+@given(env=LAUNCHER_VARIABLES)
+def test_inside_a_slurm_job_no_environment_names_another_job(env: dict[str, str]) -> None:
+    found = judge(env, DiscoveryRules(slurm_ps_procids=frozenset({0})), cgroup=V1_TASK).identity
+    assert found is None or found.job == "slurm/812"
