@@ -301,6 +301,30 @@ class LinkState:
     """Unix time of the last change of state."""
 
 
+class VoucherSource(StrEnum):
+    """The resource-manager sources whose word the agents' trust setting takes."""
+
+    SLURM = "slurm"
+    """The job's user; its tasks are known by their job cgroup."""
+    STATIC = "static"
+    """The jobs file: the job's user on its PS hosts."""
+    KUBERNETES = "kubernetes"
+    """The job's pods on the host."""
+
+
+@dataclass(frozen=True)
+class Voucher:
+    """What a resource-manager source tells one host of a job there, so that its agent can
+    believe that job's processes (discovery/trust.py)."""
+
+    job: str
+    source: VoucherSource
+    user: str = ""
+    """The job's user by name ("" where the source does not say)."""
+    pods: tuple[tuple[str, int | None], ...] = ()
+    """(pod UID, the uid its containers run as or None where the pod does not say)."""
+
+
 @dataclass(frozen=True)
 class HostReport:
     session: str

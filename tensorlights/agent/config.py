@@ -237,8 +237,9 @@ class AgentConfig:
     trust: TrustMode = spec.choice_param(
         "trust",
         TrustMode,
-        "Whose job claims get a band: resource-manager (a Slurm job cgroup with its user, or "
-        "trusted_users) or any (every launcher variable; single-tenant hosts only).",
+        "Whose job claims get a band: resource-manager (what Slurm, or the controller's "
+        "Kubernetes and jobs-file sources, vouch for; trusted_users) or any (every launcher "
+        "variable; single-tenant hosts only).",
         TrustMode.RESOURCE_MANAGER,
         "--trust",
     )

@@ -1,16 +1,21 @@
 """The agent's side of the controller link: what it registers as, the plans it receives
-(moved onto the agent's monotonic clock as they arrive) and what it reports after each pass."""
+(moved onto the agent's monotonic clock as they arrive), the vouchers that come back with
+each report (users resolved on this host) and what it reports after each pass."""
 
 from __future__ import annotations
 
+import logging
+import pwd
 import queue
 import statistics
+import threading
 from collections.abc import Callable, Mapping, Sequence
 
 from tensorlights import __version__
 from tensorlights.agent.config import AgentConfig
 from tensorlights.agent.reconcile import PassResult, shaped_jobs
 from tensorlights.agent.status import ControllerLinkView
+from tensorlights.discovery.trust import NO_SUCH_USER, JobVoucher
 from tensorlights.model import (
     AppliedRotation,
     LinkStatus,
@@ -18,10 +23,13 @@ from tensorlights.model import (
     PlanSlots,
     Registration,
     ReportedJob,
+    Voucher,
 )
 from tensorlights.policy.schedule import HostSchedule
 from tensorlights.rpc.agent_client import ControllerLink
 from tensorlights.telemetry.straggler import Iteration
+
+log = logging.getLogger("tensorlights.agent")
 
 
 class ControllerBinding:
@@ -40,6 +48,9 @@ class ControllerBinding:
         self._wall = wall_clock
         self._wake = wake
         self._plans: queue.SimpleQueue[HostSchedule] = queue.SimpleQueue()
+        self._lock = threading.Lock()
+        self._vouchers: tuple[Voucher, ...] | None = None
+        self._new_vouchers: tuple[JobVoucher, ...] | None = None
         registration = Registration(
             host=config.host_name,
             incarnation=incarnation,
@@ -54,6 +65,7 @@ class ControllerBinding:
             registration,
             self._plan_received,
             lambda state: on_connected(state.state is LinkStatus.CONNECTED),
+            self._vouchers_received,
         )
 
     def start(self) -> None:
@@ -78,6 +90,21 @@ class ControllerBinding:
         )
         self._wake()
 
+    def _vouchers_received(self, vouchers: tuple[Voucher, ...]) -> None:
+        """On the link's thread, after every report: news only when they changed."""
+        with self._lock:
+            if vouchers == self._vouchers:
+                return
+            self._vouchers = vouchers
+            self._new_vouchers = tuple(map(resolve, vouchers))
+        self._wake()
+
+    def take_vouchers(self) -> tuple[JobVoucher, ...] | None:
+        """The vouchers if they changed since the last call, else None."""
+        with self._lock:
+            vouchers, self._new_vouchers = self._new_vouchers, None
+        return vouchers
+
     def take_plans(self) -> list[HostSchedule]:
         """Plans received since the last call, oldest first."""
         plans = []
@@ -97,6 +124,23 @@ class ControllerBinding:
 
     def view(self) -> ControllerLinkView:
         return ControllerLinkView(self._address, self._link.state)
+
+
+def resolve(voucher: Voucher) -> JobVoucher:
+    """The voucher with its user's uid on this host (looked up now: users come and go)."""
+    uid = None
+    if voucher.user:
+        try:
+            uid = pwd.getpwnam(voucher.user).pw_uid
+        except KeyError:
+            log.warning(
+                "the controller says job %s is user %r's, a user this host does not know: "
+                "none of its processes can match",
+                voucher.job,
+                voucher.user,
+            )
+            uid = NO_SUCH_USER
+    return JobVoucher(voucher.job, voucher.source, voucher.user, uid, voucher.pods)
 
 
 def reported_jobs(

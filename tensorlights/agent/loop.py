@@ -96,6 +96,9 @@ class AgentLoop:
         for plan in link.take_plans() if link is not None else ():
             if not self.reconciler.offer_plan(plan):
                 log.warning("ignored a plan older than the one followed (a replay)")
+        vouchers = link.take_vouchers() if link is not None else None
+        if vouchers is not None:
+            self.reconciler.offer_vouchers(vouchers)
         try:
             with self._out.metrics.reconcile_duration.time():
                 result = self.reconciler.run_pass()

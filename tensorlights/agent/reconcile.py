@@ -10,12 +10,14 @@ from __future__ import annotations
 
 import time
 from collections.abc import Callable, Mapping
-from dataclasses import dataclass, field
+from dataclasses import dataclass, field, replace
 
 from tensorlights.agent.config import AgentConfig
 from tensorlights.datapath.dataplane import Dataplane
 from tensorlights.datapath.htb import PlannedChange
+from tensorlights.discovery.rules import DiscoveryRules
 from tensorlights.discovery.scanner import Scanner
+from tensorlights.discovery.trust import JobVoucher
 from tensorlights.model import DatapathSpec, DiscoverySnapshot, JobShaping
 from tensorlights.policy.bands import BandPlan, BandPolicy, PackView, PolicyName
 from tensorlights.policy.packing import JobLoad
@@ -99,6 +101,19 @@ class Reconciler:
         self._next_resync = float("-inf")
         self._fifo_cleared = False
         self._scanned: tuple[float, DiscoverySnapshot] | None = None
+        self._vouchers: tuple[JobVoucher, ...] = ()
+        """The controller's word on the jobs here (discovery/trust.py); kept while it is away."""
+
+    def rules(self, config: AgentConfig) -> DiscoveryRules:
+        """What discovery works by: the config's rules and trust, with the vouchers."""
+        rules = config.rules
+        return replace(rules, trust=replace(rules.trust, vouchers=self._vouchers))
+
+    def offer_vouchers(self, vouchers: tuple[JobVoucher, ...]) -> None:
+        """New vouchers from the controller: every process is judged again at the next scan."""
+        self._vouchers = vouchers
+        self._scanner.set_rules(self.rules(self.config))
+        self._scanned = None
 
     def offer_plan(self, plan: HostSchedule) -> bool:
         """A plan from the controller; False if it is older than the one followed (a replay)."""
@@ -110,7 +125,7 @@ class Reconciler:
         if _policy_settings(config) != _policy_settings(self.config):
             self._policy.local = local_policy(config)
         if config.rules != self.config.rules:
-            self._scanner.set_rules(config.rules)
+            self._scanner.set_rules(self.rules(config))
         if config.interface != self.config.interface:
             self._dataplane.cleanup(self.config.interface)
         self.config = config

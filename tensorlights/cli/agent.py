@@ -339,9 +339,11 @@ def discover(config_path: Path | None, trust: str | None, as_json: bool) -> None
 
     A PS is recognised from what its launcher put in its environment (TF_CONFIG task type ps,
     DMLC_ROLE=server, torchrun ROLE_NAME=ps, TENSORLIGHTS_JOB/TENSORLIGHTS_ROLE) or its Slurm
-    job; its children belong to it. Under trust = "resource-manager" a claim counts only in
-    its own Slurm job's cgroup or from a trusted user; others are listed as not trusted.
-    Run as root to see every user's processes.
+    job; its children belong to it. Under trust = "resource-manager" a claim counts here only
+    in its own Slurm job's cgroup or from a trusted user, and others are listed as not
+    trusted: this command has no controller, so pods and jobs-file entries the controller
+    vouches for show as not trusted too (`tensorlights-agent status` shows what the running
+    agent believes). Run as root to see every user's processes.
     """
     from tensorlights.discovery.scanner import Scanner
     from tensorlights.views import snapshot_view

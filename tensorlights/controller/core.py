@@ -25,7 +25,7 @@ from tensorlights.controller.registry import (
     SourceJob,
 )
 from tensorlights.errors import TensorLightsError
-from tensorlights.model import HostReport, PlanSlots, Registration
+from tensorlights.model import HostReport, PlanSlots, Registration, Voucher
 
 log = logging.getLogger("tensorlights.controller")
 
@@ -100,6 +100,9 @@ class Controller:
         if self.registry.hosts.get(record.host) is record:
             self.registry.set_connected(record.session, False, self._clock())
             self._mark()
+
+    def vouchers_for(self, host: str) -> tuple[Voucher, ...]:
+        return self.registry.vouchers_for(host)
 
     def plan_for(self, host: str) -> PlanSlots:
         return self.planner.plan_for(host)

@@ -7,6 +7,9 @@ Sources:
   static      a jobs file: job -> PS hosts, for jobs no agent can identify by itself
   kubernetes  Kubeflow pods: job -> PS nodes and all nodes
 
+Each report's reply tells the host's agent what the sources vouch for there (`vouchers_for`):
+a Slurm job's or a jobs-file job's user on its nodes, a Kubeflow job's pods on their node.
+
 A host's session starts with its registration. A registration older than the current one
 (lower agent incarnation) and a report whose seq does not grow are replays and are refused
 without a change. A host whose agent disconnected keeps its jobs for `host_timeout` (a
@@ -20,7 +23,15 @@ from collections import deque
 from collections.abc import Iterable, Mapping
 from dataclasses import dataclass, field
 
-from tensorlights.model import AppliedRotation, HostReport, Mode, Registration, ReportedJob
+from tensorlights.model import (
+    AppliedRotation,
+    HostReport,
+    Mode,
+    Registration,
+    ReportedJob,
+    Voucher,
+    VoucherSource,
+)
 
 SOURCES = ("agent", "slurm", "static", "kubernetes")
 HISTORY = 20
@@ -45,6 +56,16 @@ class UnknownSession(Exception):
 
 
 @dataclass(frozen=True)
+class PodPlacement:
+    """One pod of a Kubernetes job: its metadata.uid, its node, and the uid its containers
+    run as where the pod says (securityContext.runAsUser)."""
+
+    uid: str
+    node: str
+    run_as_user: int | None = None
+
+
+@dataclass(frozen=True)
 class SourceJob:
     """A job as a resource manager or the jobs file declares it."""
 
@@ -57,6 +78,7 @@ class SourceJob:
     user: str = ""
     end_time: float | None = None
     """When the resource manager will end it (its time limit), Unix seconds."""
+    pods: tuple[PodPlacement, ...] = ()
 
 
 @dataclass
@@ -101,6 +123,8 @@ class Registry:
         """Grows whenever membership (job -> PS hosts), or a job's demand, may have changed."""
         self._arrival: dict[str, int] = {}
         self._arrivals = 0
+        self._vouchers: dict[str, tuple[Voucher, ...]] | None = None
+        """Host -> what the sources vouch for there; rebuilt after a source changes."""
 
     # Agents ------------------------------------------------------------------------------
 
@@ -187,10 +211,23 @@ class Registry:
         new = {job.job: job for job in jobs}
         if new != self._sources.get(source):
             self._sources[source] = new
+            self._vouchers = None
             self.version += 1
 
     def source_jobs(self, source: str) -> Mapping[str, SourceJob]:
         return self._sources.get(source, {})
+
+    def vouchers_for(self, host: str) -> tuple[Voucher, ...]:
+        """What the resource-manager sources vouch for on `host`: Slurm and jobs-file jobs
+        placed there with their user, Kubernetes jobs with their pods there."""
+        if self._vouchers is None:
+            by_host: dict[str, list[Voucher]] = {}
+            for source, jobs in sorted(self._sources.items()):
+                for job in jobs.values():
+                    for node, voucher in _vouchers(source, job):
+                        by_host.setdefault(node, []).append(voucher)
+            self._vouchers = {node: tuple(found) for node, found in by_host.items()}
+        return self._vouchers.get(host, ())
 
     # Views --------------------------------------------------------------------------------
 
@@ -267,6 +304,20 @@ class Registry:
                 )
             )
         return views
+
+
+def _vouchers(source: str, job: SourceJob) -> Iterable[tuple[str, Voucher]]:
+    """(node, voucher) for each node where `source` vouches for `job`."""
+    if source == VoucherSource.KUBERNETES:
+        pods: dict[str, list[tuple[str, int | None]]] = {}
+        for pod in job.pods:
+            pods.setdefault(pod.node, []).append((pod.uid, pod.run_as_user))
+        for node, placed in sorted(pods.items()):
+            placed.sort(key=lambda pod: pod[0])
+            yield node, Voucher(job.job, VoucherSource.KUBERNETES, pods=tuple(placed))
+    elif source in (VoucherSource.SLURM, VoucherSource.STATIC) and job.user:
+        for node in job.nodes:
+            yield node, Voucher(job.job, VoucherSource(source), user=job.user)
 
 
 def _demand_moved(old: float | None, new: float | None) -> bool:

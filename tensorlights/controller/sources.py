@@ -21,7 +21,7 @@ from collections.abc import Mapping
 from pathlib import Path
 from typing import Any
 
-from tensorlights.controller.registry import SourceJob
+from tensorlights.controller.registry import PodPlacement, SourceJob
 from tensorlights.controller.slurm import SlurmSource
 from tensorlights.discovery.rules import launcher_job
 from tensorlights.errors import ConfigError, TransientError
@@ -142,9 +142,11 @@ def parse_pod_list(document: Mapping[str, Any]) -> list[SourceJob]:
             continue
         group = groups.setdefault(
             (str(meta.get("namespace", "default")), str(job_name)),
-            {"nodes": set(), "ps": set(), "ids": set()},
+            {"nodes": set(), "ps": set(), "ids": set(), "pods": []},
         )
         group["nodes"].add(str(node))
+        if isinstance(meta.get("uid"), str) and meta["uid"]:
+            group["pods"].append(PodPlacement(meta["uid"], str(node), _run_as_user(pod)))
         replica = str(labels.get(KUBEFLOW_REPLICA, "")).lower()
         if replica in PS_REPLICA_TYPES:
             group["ps"].add(str(node))
@@ -169,9 +171,27 @@ def parse_pod_list(document: Mapping[str, Any]) -> list[SourceJob]:
                 ps_hosts=frozenset(group["ps"]),
                 nodes=tuple(sorted(group["nodes"])),
                 state="RUNNING",
+                pods=tuple(sorted(group["pods"], key=lambda pod: pod.uid)),
             )
         )
     return jobs
+
+
+def _run_as_user(pod: Mapping[str, Any]) -> int | None:
+    """The uid every container of the pod runs as (a container's securityContext.runAsUser,
+    else the pod's), or None when the pod does not fix one for all of them."""
+    spec = pod.get("spec") or {}
+    default = _uid((spec.get("securityContext") or {}).get("runAsUser"))
+    uids = set()
+    for container in spec.get("containers") or []:
+        own = _uid((container.get("securityContext") or {}).get("runAsUser"))
+        uids.add(default if own is None else own)
+    return uids.pop() if len(uids) == 1 else None
+
+
+def _uid(value: Any) -> int | None:
+    is_uid = isinstance(value, int) and not isinstance(value, bool) and 0 <= value < 2**32
+    return value if is_uid else None
 
 
 class KubernetesPods:

@@ -1,5 +1,6 @@
 """The agent's link to the controller: register, report every report interval, follow the
-plan stream -- in two daemon threads, handing plans to the agent through a callback.
+plan stream -- in two daemon threads, handing plans (and the vouchers each report's reply
+carries) to the agent through callbacks.
 
 The agent dials out; it listens on no TCP port. Any failure (controller down, stream cut,
 NOT_FOUND after a controller restart) drops the session: the link backs off (0.5 s doubling
@@ -27,6 +28,7 @@ from tensorlights.model import (
     PlanSlots,
     Registration,
     ReportedJob,
+    Voucher,
     visible,
 )
 from tensorlights.rpc import convert
@@ -53,6 +55,7 @@ class ControllerLink:
         registration: Registration,
         on_plan: Callable[[PlanSlots], None],
         on_state: Callable[[LinkState], None] = lambda state: None,
+        on_vouchers: Callable[[tuple[Voucher, ...]], None] = lambda vouchers: None,
     ) -> None:
         self.address = address
         self.tls = tls
@@ -60,6 +63,7 @@ class ControllerLink:
         self.registration = registration
         self._on_plan = on_plan
         self._on_state = on_state
+        self._on_vouchers = on_vouchers
         self._credentials = channel_credentials(tls)
         self._lock = threading.Lock()
         self._jobs: tuple[ReportedJob, ...] = ()
@@ -130,7 +134,7 @@ class ControllerLink:
                 self._failed(exc)
                 backoff = min(BACKOFF_MAX_S, max(BACKOFF_FIRST_S, backoff * 2))
             except InvalidMessage as exc:
-                self._set_state(LinkStatus.REFUSED, f"the controller sent an invalid plan: {exc}")
+                self._set_state(LinkStatus.REFUSED, f"the controller sent something invalid: {exc}")
                 backoff = BACKOFF_MAX_S
 
     def _failed(self, exc: grpc.RpcError) -> None:
@@ -189,12 +193,13 @@ class ControllerLink:
                 session, seq, self._jobs, tuple(rotations), self._mode, visible(self._health)[:1000]
             )
         try:
-            stub.Report(convert.report_message(report), timeout=RPC_TIMEOUT_S)
+            reply = stub.Report(convert.report_message(report), timeout=RPC_TIMEOUT_S)
         except grpc.RpcError:
             with self._lock:  # not lost: sent with the next session's first report
                 self._rotations[:0] = rotations
             raise
         self._count(reports=self.state.reports + 1)
+        self._on_vouchers(convert.vouchers(reply))
 
     def _watch(self, plans: Any, errors: list[Exception]) -> None:
         try:

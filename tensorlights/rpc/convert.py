@@ -21,6 +21,8 @@ from tensorlights.model import (
     PlanSlots,
     Registration,
     ReportedJob,
+    Voucher,
+    VoucherSource,
     host_name_problem,
     interface_name_problem,
     job_id_problem,
@@ -38,6 +40,7 @@ MAX_PORTS_PER_JOB = 65535
 MAX_ROTATIONS_PER_REPORT = 1024
 MAX_INTERFACES = 64
 MAX_TEXT = 1024
+MAX_PODS_PER_JOB = 1024
 
 
 class InvalidMessage(ValueError):
@@ -209,6 +212,52 @@ def plan_slots(message: pb.HostPlan) -> PlanSlots:
         slot_s=message.slot_ms / 1000,
         slots=tuple(slots),
     )
+
+
+def report_reply(seq: int, vouchers: Sequence[Voucher]) -> pb.ReportReply:
+    return pb.ReportReply(
+        seq=seq,
+        vouchers=[
+            pb.Voucher(
+                job=v.job,
+                source=v.source,
+                user=v.user,
+                pods=[
+                    pb.Pod(uid=uid) if run_as is None else pb.Pod(uid=uid, run_as_user=run_as)
+                    for uid, run_as in v.pods
+                ],
+            )
+            for v in vouchers
+        ],
+    )
+
+
+def vouchers(message: pb.ReportReply) -> tuple[Voucher, ...]:
+    """The vouchers of a report's reply as the agent receives them, checked like the
+    controller's input (an agent believes processes on their strength)."""
+    _check_count("vouchers", message.vouchers, MAX_JOBS_PER_HOST)
+    found = []
+    for voucher in message.vouchers:
+        job = check_job(voucher.job)
+        if voucher.source not in set(VoucherSource):
+            raise InvalidMessage(f"voucher for {job}: unknown source {voucher.source[:80]!r}")
+        _check_count(f"pods of job {job}", voucher.pods, MAX_PODS_PER_JOB)
+        pods = tuple(
+            (
+                _check_text("pod uid", pod.uid),
+                int(pod.run_as_user) if pod.HasField("run_as_user") else None,
+            )
+            for pod in voucher.pods
+        )
+        found.append(
+            Voucher(
+                job=job,
+                source=VoucherSource(voucher.source),
+                user=_check_text("user", voucher.user),
+                pods=pods,
+            )
+        )
+    return tuple(found)
 
 
 def registration_message(reg: Registration) -> pb.RegisterRequest:

@@ -105,12 +105,12 @@ class _Handlers:
         report = await self.checked(context, convert.report, data)
         await self.session(context, report.session)
         try:
-            self.controller.report(report)
+            record = self.controller.report(report)
         except StaleMessage as exc:
             await self.reject(context, grpc.StatusCode.FAILED_PRECONDITION, str(exc))
         except UnknownSession as exc:
             await self.reject(context, grpc.StatusCode.NOT_FOUND, str(exc))
-        return link_pb.ReportReply(seq=report.seq)
+        return convert.report_reply(report.seq, self.controller.vouchers_for(record.host))
 
     async def watch_plan(self, data: bytes, context: Context) -> AsyncIterator[link_pb.HostPlan]:
         session = await self.checked(context, convert.watch_plan_session, data)

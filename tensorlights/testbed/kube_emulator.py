@@ -5,14 +5,24 @@ It serves GET /api/v1/pods and /api/v1/namespaces/NS/pods as a v1 PodList, honou
 `labelSelector` existence and equality terms (`key`, `key=value`, comma-separated), and
 answers 401 without the configured bearer token. Pods are given as dicts in the API's own
 JSON shape; `kubeflow_pod` builds the ones a Kubeflow TFJob creates.
+
+As a process (in a test's network namespace, where a controller under test can reach it):
+
+    python -m tensorlights.testbed.kube_emulator --listen 10.0.0.2:0 --pods pods.json
+
+serves the pods the JSON file lists (re-read on every request) and prints its URL when ready.
 """
 
 from __future__ import annotations
 
+import argparse
 import json
+import sys
 import threading
 import urllib.parse
+import uuid
 from http.server import BaseHTTPRequestHandler, ThreadingHTTPServer
+from pathlib import Path
 from typing import Any
 
 from tensorlights.controller.sources import KUBEFLOW_JOB, KUBEFLOW_REPLICA
@@ -26,11 +36,17 @@ def kubeflow_pod(
     node: str,
     env: dict[str, str] | None = None,
     phase: str = "Running",
+    run_as_user: int | None = None,
 ) -> dict[str, Any]:
+    """A pod as the API server lists it; its uid is derived from its name, as stable as a
+    real pod's for the life of the test."""
+    name = f"{job}-{replica_type}-{index}"
+    security = {} if run_as_user is None else {"securityContext": {"runAsUser": run_as_user}}
     return {
         "metadata": {
-            "name": f"{job}-{replica_type}-{index}",
+            "name": name,
             "namespace": namespace,
+            "uid": str(uuid.uuid5(uuid.NAMESPACE_URL, f"k8s:{namespace}/{name}")),
             "labels": {
                 KUBEFLOW_JOB: job,
                 KUBEFLOW_REPLICA: replica_type,
@@ -38,6 +54,7 @@ def kubeflow_pod(
             },
         },
         "spec": {
+            **security,
             "nodeName": node,
             "containers": [
                 {
@@ -60,7 +77,7 @@ def _selected(pod: dict[str, Any], selector: str) -> bool:
 
 
 class KubeEmulator:
-    def __init__(self, token: str = "") -> None:
+    def __init__(self, token: str = "", listen: tuple[str, int] = ("127.0.0.1", 0)) -> None:
         self.pods: list[dict[str, Any]] = []
         self.requests = 0
         emulator = self
@@ -83,7 +100,7 @@ class KubeEmulator:
                 selector = urllib.parse.parse_qs(url.query).get("labelSelector", [""])[0]
                 items = [
                     pod
-                    for pod in emulator.pods
+                    for pod in emulator.current_pods()
                     if (namespace is None or pod["metadata"]["namespace"] == namespace)
                     and _selected(pod, selector)
                 ]
@@ -100,8 +117,11 @@ class KubeEmulator:
             def log_message(self, format: str, *args: object) -> None:
                 pass
 
-        self._server = ThreadingHTTPServer(("127.0.0.1", 0), Handler)
+        self._server = ThreadingHTTPServer(listen, Handler)
         self._thread = threading.Thread(target=self._server.serve_forever, daemon=True)
+
+    def current_pods(self) -> list[dict[str, Any]]:
+        return self.pods
 
     @property
     def url(self) -> str:
@@ -115,3 +135,31 @@ class KubeEmulator:
     def __exit__(self, *exc: object) -> None:
         self._server.shutdown()
         self._server.server_close()
+
+
+class FilePods(KubeEmulator):
+    """Serves the pods a JSON file lists, re-read on every request (a test edits the file)."""
+
+    def __init__(self, pods_file: Path, listen: tuple[str, int]) -> None:
+        super().__init__(listen=listen)
+        self.pods_file = pods_file
+
+    def current_pods(self) -> list[dict[str, Any]]:
+        pods: list[dict[str, Any]] = json.loads(self.pods_file.read_text())
+        return pods
+
+
+def main(argv: list[str] | None = None) -> int:
+    parser = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
+    parser.add_argument("--listen", required=True, help="HOST:PORT (port 0: any free one)")
+    parser.add_argument("--pods", required=True, type=Path, help="a JSON list of pods")
+    args = parser.parse_args(argv)
+    host, _, port = args.listen.rpartition(":")
+    with FilePods(args.pods, (host, int(port))) as emulator:
+        print(emulator.url, flush=True)
+        sys.stdin.read()  # until the test closes our stdin (or kills us)
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())

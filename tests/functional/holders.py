@@ -67,10 +67,11 @@ def cgroup_mount() -> Path | None:
 
 
 @contextmanager
-def slurm_shaped_cgroup(relative: str) -> Iterator[Path]:
-    """A Slurm-shaped cgroup subtree of our own (`relative` under a unique directory) on a
-    real cgroup filesystem, removed afterwards (its processes are moved back to the root
-    cgroup first). Skips the test where no cgroup can be made."""
+def own_cgroup(relative: str) -> Iterator[Path]:
+    """A cgroup subtree of our own shaped like a resource manager's (`relative` under a unique
+    directory, e.g. "job_1/step_0") on a real cgroup filesystem, removed afterwards (its
+    processes are moved back to the root cgroup first). Skips the test where no cgroup can
+    be made."""
     mount = cgroup_mount()
     if mount is None:
         pytest.skip("no cgroup filesystem is mounted")
@@ -91,6 +92,12 @@ def slurm_shaped_cgroup(relative: str) -> Iterator[Path]:
                 with open(mount / "cgroup.procs", "w") as procs:
                     procs.write(pid)
             directory.rmdir()
+
+
+def in_cgroup(leaf: Path) -> list[str]:
+    """A command prefix that moves the process into `leaf` (as root, first) and execs the
+    rest."""
+    return ["sh", "-c", f'echo $$ > {leaf}/cgroup.procs && exec "$@"', "sh"]
 
 
 def tf_config(task_type: str, index: int | str, workers: int = 2, tag: str = "a") -> str:

@@ -19,9 +19,10 @@ from tensorlights.testbed import netns
 from .holders import (
     Holder,
     holders,
+    in_cgroup,
     new_scanner,
+    own_cgroup,
     scan_until,
-    slurm_shaped_cgroup,
     start_holder,
     tf_config,
 )
@@ -321,7 +322,7 @@ def test_ps_in_another_network_namespace_is_followed(pair: netns.HostPair) -> No
 
 @pytest.fixture
 def slurm_cgroup() -> Iterator[Path]:
-    with slurm_shaped_cgroup("job_9137/step_0/user/task_0") as leaf:
+    with own_cgroup("job_9137/step_0/user/task_0") as leaf:
         yield leaf
 
 
@@ -330,11 +331,7 @@ def test_slurm_job_from_the_cgroup_when_the_environment_lacks_it(slurm_cgroup: P
     rules = DiscoveryRules()
     with holders() as start, new_scanner(rules) as scanner:
         # The role comes from the framework; the job id only from the cgroup path.
-        script = f'echo $$ > {slurm_cgroup}/cgroup.procs && exec "$@"'
-        holder = start(
-            {"TF_CONFIG": tf_config("ps", 0)},
-            prefix=["sh", "-c", script, "sh"],
-        )
+        holder = start({"TF_CONFIG": tf_config("ps", 0)}, prefix=in_cgroup(slurm_cgroup))
         snapshot = scan_until(scanner, has_ports(holder))
         task = task_of(snapshot, holder.pid)
         assert task is not None and task.job == "slurm/9137"

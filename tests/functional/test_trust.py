@@ -16,7 +16,7 @@ from tensorlights.discovery.rules import DiscoveryRules
 from tensorlights.discovery.trust import Trust, TrustMode
 from tensorlights.model import DiscoverySnapshot
 
-from .holders import Holder, holders, new_scanner, scan_until, slurm_shaped_cgroup, tf_config
+from .holders import Holder, holders, in_cgroup, new_scanner, own_cgroup, scan_until, tf_config
 
 NOBODY = 65534
 SYSTEM_PYTHON = "/usr/bin/python3"
@@ -80,13 +80,8 @@ def test_trusted_users_and_trust_any_believe_the_claim() -> None:
 @pytest.fixture
 def slurm_v1_job() -> Iterator[Path]:
     """Where cgroup v1 proctrack puts a task of root's Slurm job 9137."""
-    with slurm_shaped_cgroup("uid_0/job_9137/step_0") as leaf:
+    with own_cgroup("uid_0/job_9137/step_0") as leaf:
         yield leaf
-
-
-def _in_cgroup(leaf: Path) -> list[str]:
-    """A prefix that moves the process into `leaf` (as root, before any setpriv) and execs."""
-    return ["sh", "-c", f'echo $$ > {leaf}/cgroup.procs && exec "$@"', "sh"]
 
 
 @pytest.mark.root
@@ -95,12 +90,12 @@ def test_a_slurm_job_cgroup_vouches_for_its_own_job_and_user_only(
 ) -> None:
     with holders() as start, new_scanner(strict) as scanner:
         # Root's task of job 9137, named by its framework: believed, as job slurm/9137.
-        task = start({"TF_CONFIG": tf_config("ps", 0)}, prefix=_in_cgroup(slurm_v1_job))
+        task = start({"TF_CONFIG": tf_config("ps", 0)}, prefix=in_cgroup(slurm_v1_job))
         # In the same cgroup: one claiming another job, one running as another user.
-        other_job = start(HOSTILE, prefix=_in_cgroup(slurm_v1_job))
+        other_job = start(HOSTILE, prefix=in_cgroup(slurm_v1_job))
         other_user = start(
             {"TF_CONFIG": tf_config("ps", 0), "PYTHONPATH": PROJECT},
-            **as_user(NOBODY, prefix=_in_cgroup(slurm_v1_job)),
+            **as_user(NOBODY, prefix=in_cgroup(slurm_v1_job)),
         )
         snapshot = scan_until(
             scanner, lambda s: all(settled(h)(s) for h in (task, other_job, other_user))
@@ -111,5 +106,5 @@ def test_a_slurm_job_cgroup_vouches_for_its_own_job_and_user_only(
         ]
         assert set(snapshot.untrusted) & ours == {other_job.pid, other_user.pid}
         problems = "\n".join(snapshot.problems)
-        assert "claims job grab (env) but runs in Slurm job 9137's cgroup" in problems
-        assert f"runs as uid {NOBODY} in the cgroup of uid 0's Slurm job 9137" in problems
+        assert "job grab (env, uid 0) runs in Slurm job 9137's cgroup" in problems
+        assert f"uid {NOBODY}) runs in the cgroup of uid 0's Slurm job 9137" in problems

@@ -10,11 +10,25 @@ import pytest
 
 from tensorlights.controller.config import build_config
 from tensorlights.controller.planner import Planner
-from tensorlights.controller.registry import Registry, SourceJob, StaleMessage, UnknownSession
+from tensorlights.controller.registry import (
+    PodPlacement,
+    Registry,
+    SourceJob,
+    StaleMessage,
+    UnknownSession,
+)
 from tensorlights.controller.sources import parse_jobs_file, parse_pod_list
 from tensorlights.discovery.rules import launcher_job
 from tensorlights.errors import ConfigError
-from tensorlights.model import HostReport, Mode, PlanSlots, Registration, ReportedJob
+from tensorlights.model import (
+    HostReport,
+    Mode,
+    PlanSlots,
+    Registration,
+    ReportedJob,
+    Voucher,
+    VoucherSource,
+)
 from tensorlights.rpc import convert
 from tensorlights.rpc.convert import InvalidMessage
 from tensorlights.rpc.v1 import agent_link_pb2 as pb
@@ -243,3 +257,64 @@ def test_a_registration_from_the_future_cannot_lock_the_real_agent_out() -> None
     registry.report(HostReport(real.session, 2**64 - 1, (), (), Mode.LOCAL, ""), now + 2)
     again = registry.register(reg("a", incarnation=int((now + 61) * 1e9)), now=now + 3)
     assert registry.report(HostReport(again.session, 1, (), (), Mode.LOCAL, ""), now + 4)
+
+
+def test_kubeflow_pods_keep_their_uids_nodes_and_users() -> None:
+    pods = [
+        kubeflow_pod("ml", "bert", "PS", 0, "gpu1", run_as_user=1000),
+        kubeflow_pod("ml", "bert", "Worker", 0, "gpu1"),
+        kubeflow_pod("ml", "bert", "Worker", 1, "gpu2", run_as_user=0),
+    ]
+    # A container of its own user overrides the pod's; two containers that differ fix none.
+    pods[1]["spec"]["containers"].append({"name": "side", "securityContext": {"runAsUser": 7}})
+    (job,) = parse_pod_list({"kind": "PodList", "items": pods})
+    uids = [pod["metadata"]["uid"] for pod in pods]
+    assert {(p.uid, p.node, p.run_as_user) for p in job.pods} == {
+        (uids[0], "gpu1", 1000),
+        (uids[1], "gpu1", None),
+        (uids[2], "gpu2", 0),
+    }
+
+
+def test_vouchers_say_per_host_what_the_sources_vouch_for() -> None:
+    registry = Registry()
+    registry.set_source(
+        "slurm",
+        [
+            SourceJob("slurm/7", "slurm", nodes=("a", "b"), user="alice"),
+            SourceJob("slurm/8", "slurm", nodes=("a",)),  # no user: nothing to check against
+        ],
+    )
+    registry.set_source(
+        "static", [SourceJob("j", "static", ps_hosts=frozenset("a"), nodes=("a",), user="bob")]
+    )
+    pods = (PodPlacement("u1", "a", 1000), PodPlacement("u2", "b", None))
+    kube_job = SourceJob("tf/x", "kubernetes", nodes=("a", "b"), pods=pods)
+    registry.set_source("kubernetes", [kube_job])
+    assert registry.vouchers_for("a") == (
+        Voucher("tf/x", VoucherSource.KUBERNETES, pods=(("u1", 1000),)),
+        Voucher("slurm/7", VoucherSource.SLURM, user="alice"),
+        Voucher("j", VoucherSource.STATIC, user="bob"),
+    )
+    assert registry.vouchers_for("c") == ()
+    registry.set_source("slurm", [])
+    assert [v.job for v in registry.vouchers_for("b")] == ["tf/x"]
+    # On the wire and back, as the agent reads a report's reply.
+    reply = convert.report_reply(5, registry.vouchers_for("a"))
+    assert convert.vouchers(pb.ReportReply.FromString(reply.SerializeToString())) == (
+        registry.vouchers_for("a")
+    )
+
+
+@pytest.mark.parametrize(
+    ("voucher", "message"),
+    [
+        (pb.Voucher(job="", source="slurm"), "job id"),
+        (pb.Voucher(job="j", source="pbs"), "unknown source"),
+        (pb.Voucher(job="j", source="slurm", user="a\x1b[2J"), "unprintable"),
+        (pb.Voucher(job="j", source="kubernetes", pods=[pb.Pod(uid="x")] * 1025), "pods of job j"),
+    ],
+)
+def test_vouchers_from_the_wire_are_checked(voucher: pb.Voucher, message: str) -> None:
+    with pytest.raises(InvalidMessage, match=message):
+        convert.vouchers(pb.ReportReply(seq=1, vouchers=[voucher]))

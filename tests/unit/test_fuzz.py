@@ -77,7 +77,10 @@ def reports(draw: st.DrawFn) -> bytes:
 @fuzz
 @given(st.binary(max_size=300))
 def test_any_bytes_are_a_report_or_invalid(data: bytes) -> None:
-    for parse in (convert.report, convert.registration, convert.watch_plan_session):
+    def reply(data: bytes) -> object:  # what an agent makes of a report's reply
+        return convert.vouchers(convert.parse(pb.ReportReply, data))
+
+    for parse in (convert.report, convert.registration, convert.watch_plan_session, reply):
         with contextlib.suppress(InvalidMessage):
             parse(data)
 

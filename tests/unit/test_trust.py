@@ -5,12 +5,21 @@ from __future__ import annotations
 
 import json
 from collections.abc import Mapping
+from dataclasses import replace
 
 from hypothesis import given
 from hypothesis import strategies as st
 
 from tensorlights.discovery.rules import DiscoveryRules, ProcessFacts, Verdict, identify
-from tensorlights.discovery.trust import TRUST_ANY, Trust, TrustMode
+from tensorlights.discovery.trust import (
+    NO_SUCH_USER,
+    TRUST_ANY,
+    JobVoucher,
+    Trust,
+    TrustMode,
+    pod_uid,
+)
+from tensorlights.model import VoucherSource
 
 STRICT = DiscoveryRules()
 V1_TASK = "6:freezer:/slurm_n1/uid_1000/job_812/step_0\n0::/\n"
@@ -52,14 +61,16 @@ def test_a_slurm_task_is_believed_for_its_own_job_only() -> None:
         for env in ({**task, "SLURM_JOB_ID": "7"}, {**task, "TENSORLIGHTS_JOB": "other"}):
             refused = judge(env, rules, cgroup=cgroup)
             assert refused.identity is None and refused.untrusted
-            assert "but runs in Slurm job 812's cgroup" in (refused.problem or "")
+            assert "runs in Slurm job 812's cgroup" in (refused.problem or "")
 
 
 def test_a_slurm_task_must_run_as_the_user_its_cgroup_names() -> None:
     refused = judge(CLAIM_PS | {"SLURM_JOB_ID": "812", "TENSORLIGHTS_JOB": ""}, uid=1001,
                     cgroup=V1_TASK)  # fmt: skip
     assert refused.identity is None
-    assert "runs as uid 1001 in the cgroup of uid 1000's Slurm job 812" in (refused.problem or "")
+    assert "(env, uid 1001) runs in the cgroup of uid 1000's Slurm job 812" in (
+        refused.problem or ""
+    )
 
 
 def test_slurm_variables_without_the_cgroup_are_only_a_claim() -> None:
@@ -83,6 +94,63 @@ NAMES = [
     *("DMLC_PS_ROOT_PORT", "TORCHELASTIC_RUN_ID", "ROLE_NAME", "RANK", "MASTER_ADDR"),
     *("MASTER_PORT", "SLURM_JOB_ID", "SLURM_STEP_ID", "SLURM_PROCID"),
 ]
+POD = "2f0c6b9e-1f4a-4c1e-9c7e-3b1d2a4e5f60"
+POD_CGROUPS = (
+    f"0::/kubepods/burstable/pod{POD}/0123abcd\n",  # cgroupfs driver
+    f"4:memory:/kubepods.slice/kubepods-besteffort.slice/kubepods-besteffort-pod"
+    f"{POD.replace('-', '_')}.slice/cri-containerd-0123abcd.scope\n",  # systemd driver
+    f"0::/kubepods/pod{POD}/0123abcd\n",  # guaranteed QoS
+)
+TF_PS = {"TF_CONFIG": json.dumps({"cluster": {"ps": ["a:1"]}, "task": {"type": "ps"}})}
+
+
+def with_vouchers(*vouchers: JobVoucher) -> DiscoveryRules:
+    return DiscoveryRules(trust=Trust(vouchers=vouchers))
+
+
+def test_pod_cgroups_name_their_pod() -> None:
+    assert all(pod_uid(cgroup) == POD for cgroup in POD_CGROUPS)
+    assert pod_uid("0::/system.slice/docker-0123.scope\n") is None
+    assert pod_uid(f"0::/user.slice/pod{POD}/x\n") is None  # not under kubepods
+
+
+def test_a_pod_the_controller_knows_vouches_for_its_job_and_user_only() -> None:
+    job = judge(TF_PS, DiscoveryRules(trust=TRUST_ANY)).identity
+    assert job is not None
+    rules = with_vouchers(JobVoucher(job.job, VoucherSource.KUBERNETES, pods=((POD, 1000),)))
+    for cgroup in POD_CGROUPS:
+        believed = judge(TF_PS, rules, cgroup=cgroup).identity
+        assert believed is not None and believed.job == job.job
+        other_job = judge(CLAIM_PS, rules, cgroup=cgroup)
+        assert f"runs in pod {POD} of job {job.job}" in (other_job.problem or "")
+        other_user = judge(TF_PS, rules, cgroup=cgroup, uid=0)
+        assert f"pod {POD} runs as uid 1000" in (other_user.problem or "")
+        unknown = judge(TF_PS, with_vouchers(), cgroup=cgroup)
+        assert "not a pod of any job the controller knows" in (unknown.problem or "")
+
+
+def test_the_controllers_slurm_user_must_match_where_the_cgroup_names_none() -> None:
+    env = {"SLURM_JOB_ID": "812", "SLURM_STEP_ID": "0", "SLURM_PROCID": "0"}
+    rules = DiscoveryRules(slurm_ps_procids=frozenset({0}))
+    for uid, believed in ((1000, True), (1001, False), (NO_SUCH_USER, False)):
+        voucher = JobVoucher("slurm/812", VoucherSource.SLURM, "alice", uid)
+        vouched = replace(rules, trust=Trust(vouchers=(voucher,)))
+        result = judge(env, vouched, cgroup=V2_TASK, uid=1000)
+        assert (result.identity is not None) is believed
+        if not believed:
+            assert "Slurm runs the job as alice" in (result.problem or "")
+
+
+def test_a_jobs_file_entry_with_a_user_vouches_for_that_users_claims() -> None:
+    rules = with_vouchers(JobVoucher("mine", VoucherSource.STATIC, "alice", 1000))
+    assert judge(CLAIM_PS, rules, uid=1000).identity is not None
+    refused = judge(CLAIM_PS, rules, uid=1001)
+    assert "the jobs file gives the job to alice" in (refused.problem or "")
+    # A Slurm job's user alone vouches for nothing outside the job's cgroup.
+    slurm = with_vouchers(JobVoucher("slurm/5", VoucherSource.SLURM, "alice", 1000))
+    assert judge({"SLURM_JOB_ID": "5", "TENSORLIGHTS_ROLE": "ps"}, slurm).identity is None
+
+
 LAUNCHER_VARIABLES = st.dictionaries(
     st.sampled_from(NAMES),
     st.sampled_from(["ps", "server", "0", "1", "9000", "job-a", "x", "slurm/5", "{}"]),

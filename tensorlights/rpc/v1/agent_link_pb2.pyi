@@ -83,10 +83,32 @@ class AgentReport(_message.Message):
     def __init__(self, session: _Optional[str] = ..., seq: _Optional[int] = ..., jobs: _Optional[_Iterable[_Union[PsJob, _Mapping]]] = ..., rotations: _Optional[_Iterable[_Union[Rotation, _Mapping]]] = ..., mode: _Optional[str] = ..., health: _Optional[str] = ...) -> None: ...
 
 class ReportReply(_message.Message):
-    __slots__ = ("seq",)
+    __slots__ = ("seq", "vouchers")
     SEQ_FIELD_NUMBER: _ClassVar[int]
+    VOUCHERS_FIELD_NUMBER: _ClassVar[int]
     seq: int
-    def __init__(self, seq: _Optional[int] = ...) -> None: ...
+    vouchers: _containers.RepeatedCompositeFieldContainer[Voucher]
+    def __init__(self, seq: _Optional[int] = ..., vouchers: _Optional[_Iterable[_Union[Voucher, _Mapping]]] = ...) -> None: ...
+
+class Voucher(_message.Message):
+    __slots__ = ("job", "source", "user", "pods")
+    JOB_FIELD_NUMBER: _ClassVar[int]
+    SOURCE_FIELD_NUMBER: _ClassVar[int]
+    USER_FIELD_NUMBER: _ClassVar[int]
+    PODS_FIELD_NUMBER: _ClassVar[int]
+    job: str
+    source: str
+    user: str
+    pods: _containers.RepeatedCompositeFieldContainer[Pod]
+    def __init__(self, job: _Optional[str] = ..., source: _Optional[str] = ..., user: _Optional[str] = ..., pods: _Optional[_Iterable[_Union[Pod, _Mapping]]] = ...) -> None: ...
+
+class Pod(_message.Message):
+    __slots__ = ("uid", "run_as_user")
+    UID_FIELD_NUMBER: _ClassVar[int]
+    RUN_AS_USER_FIELD_NUMBER: _ClassVar[int]
+    uid: str
+    run_as_user: int
+    def __init__(self, uid: _Optional[str] = ..., run_as_user: _Optional[int] = ...) -> None: ...
 
 class WatchPlanRequest(_message.Message):
     __slots__ = ("session",)
