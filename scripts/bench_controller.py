@@ -22,7 +22,6 @@ import asyncio
 import os
 import random
 import shutil
-import socket
 import statistics
 import subprocess
 import sys
@@ -38,6 +37,7 @@ sys.path.insert(0, str(ROOT))
 
 from tensorlights.controller.planner import Planner  # noqa: E402
 from tensorlights.rpc.v1 import agent_link_pb2 as pb  # noqa: E402
+from tensorlights.testbed.processes import free_port  # noqa: E402
 
 
 def membership(hosts: int, jobs: int, seed: int = 1) -> dict[str, frozenset[str]]:
@@ -79,12 +79,6 @@ def bench_plan(hosts: int, jobs: int, repeat: int) -> None:
         f"  one job arrives    median {statistics.median(incremental) * 1000:7.1f} ms   "
         f"max {max(incremental) * 1000:7.1f} ms   ({len(changed)} host plans changed)"
     )
-
-
-def free_port() -> int:
-    with socket.socket() as probe:
-        probe.bind(("127.0.0.1", 0))
-        return int(probe.getsockname()[1])
 
 
 def proc_cpu_s(pid: int) -> float:

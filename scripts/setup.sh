@@ -21,8 +21,9 @@ install_missing() {  # apt-get install the given packages that are not installed
 
 install_missing iproute2 nftables ethtool python3 python3-venv python3-pip
 if [[ $extra == test ]]; then
-  # The tests start a real Slurm (munged, slurmctld, slurmd) as plain processes.
-  install_missing slurmctld slurmd munge slurm-client
+  # The tests start a real Slurm (munged, slurmctld, slurmd) and a real Prometheus (and its
+  # promtool) as plain processes.
+  install_missing slurmctld slurmd munge slurm-client prometheus
 fi
 
 if [[ ! -x .venv/bin/python ]]; then

@@ -149,6 +149,7 @@ class AgentApp:
             )
         )
         self.metrics.controller_connected.set(0)
+        self.metrics.controller_configured.set(0 if config.standalone else 1)
         for part in (metrics_server, status_server, sampler, link, watcher):
             if part is not None:
                 part.start()

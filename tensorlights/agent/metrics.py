@@ -7,6 +7,7 @@ no pid or port labels, no command lines.
 from __future__ import annotations
 
 import contextlib
+import math
 import threading
 from collections.abc import Callable, Iterator
 
@@ -15,8 +16,13 @@ from prometheus_client.core import CounterMetricFamily
 from prometheus_client.registry import Collector
 
 from tensorlights.agent.reconcile import PassResult
+from tensorlights.policy.bands import PackView
 from tensorlights.policy.tc_plan import FIRST_BAND_MINOR, UNMANAGED_MINOR
 from tensorlights.telemetry.straggler import Iteration
+
+JOB_LABEL = "training_job"
+"""The label naming a training job. Not `job`: Prometheus sets `job` to the scrape job and
+renames a scraped `job` label to `exported_job` (seen with a real Prometheus)."""
 
 _FAST_BUCKETS = (0.0005, 0.001, 0.002, 0.005, 0.01, 0.02, 0.05, 0.1, 0.25, 0.5, 1.0)
 
@@ -75,15 +81,35 @@ class AgentMetrics:
         self.green_seconds = Counter(
             "tensorlights_green_seconds_total",
             "Time each job held the green light on this host.",
-            ["job"],
+            [JOB_LABEL],
             registry=registry,
         )
         self.job_band = Gauge(
-            "tensorlights_job_band", "Band of each job now (0 = green).", ["job"], registry=registry
+            "tensorlights_job_band",
+            "Band of each job now (0 = green).",
+            [JOB_LABEL],
+            registry=registry,
         )
         self.controller_connected = Gauge(
             "tensorlights_controller_connected",
             "1 while connected to the controller; 0 standalone or disconnected.",
+            registry=registry,
+        )
+        self.controller_configured = Gauge(
+            "tensorlights_controller_configured",
+            "1 when the agent follows a controller (standalone = false); 0 standalone.",
+            registry=registry,
+        )
+        self.job_lag = Gauge(
+            "tensorlights_job_lag_seconds",
+            "Policy pack: time each job lost to waiting over the starvation window.",
+            [JOB_LABEL],
+            registry=registry,
+        )
+        self.lag_allowed = Gauge(
+            "tensorlights_lag_allowed_seconds",
+            "Policy pack: the lag past which a job is slowed more than max_slowdown "
+            "(NaN under other policies).",
             registry=registry,
         )
         self.dscp_enabled = Gauge(
@@ -94,25 +120,26 @@ class AgentMetrics:
         self.spread = Histogram(
             "tensorlights_straggler_spread_seconds",
             "Per iteration: last worker's parameters fully acknowledged - first worker's.",
-            ["job"],
+            [JOB_LABEL],
             buckets=(0.001, 0.0025, 0.005, 0.01, 0.025, 0.05, 0.1, 0.25, 0.5, 1.0, 2.5, 5.0),
             registry=registry,
         )
         self.iteration = Histogram(
             "tensorlights_iteration_seconds",
             "Time between the ends of consecutive parameter pushes of a job.",
-            ["job"],
+            [JOB_LABEL],
             buckets=(0.05, 0.1, 0.25, 0.5, 1.0, 2.5, 5.0, 10.0, 30.0, 60.0),
             registry=registry,
         )
         self.push = Histogram(
             "tensorlights_push_seconds",
             "Estimated communication time of one parameter push to all workers.",
-            ["job"],
+            [JOB_LABEL],
             buckets=(0.01, 0.025, 0.05, 0.1, 0.25, 0.5, 1.0, 2.5, 5.0, 10.0),
             registry=registry,
         )
         self._jobs_with_series: set[str] = set()
+        self._jobs_with_lag: set[str] = set()
         self._telemetry_jobs: set[str] = set()
         self._telemetry_lock = threading.Lock()  # the telemetry thread observes, the loop prunes
 
@@ -151,6 +178,17 @@ class AgentMetrics:
         if result.plan.rotated and result.plan.green is not None:
             self.rotations.inc()
         self.forget_jobs_except(set(result.snapshot.jobs()))
+        self.observe_lags(result.pack)
+
+    def observe_lags(self, pack: PackView | None) -> None:
+        """pack's guard: every job's lag and the allowance (no series under other policies)."""
+        lags = pack.lag_s if pack is not None else {}
+        for job in self._jobs_with_lag - lags.keys():
+            self.job_lag.remove(job)
+        for job, lag in lags.items():
+            self.job_lag.labels(job).set(lag)
+        self._jobs_with_lag = set(lags)
+        self.lag_allowed.set(pack.lag_allowed_s if pack is not None else math.nan)
 
     def observe_failure(self, kind: str) -> None:
         self.errors.labels(kind).inc()
@@ -209,12 +247,12 @@ class KernelCounters(Collector):
         sent = CounterMetricFamily(
             "tensorlights_job_sent_bytes",
             "Bytes the job's PS connections on this host had acknowledged (tcp_info).",
-            labels=["job"],
+            labels=[JOB_LABEL],
         )
         packets = CounterMetricFamily(
             "tensorlights_job_sent_packets",
             "Data segments the job's PS connections on this host sent (tcp_info).",
-            labels=["job"],
+            labels=[JOB_LABEL],
         )
         for job, (sent_bytes, sent_packets) in sorted(self._job_counters().items()):
             sent.add_metric([job], sent_bytes)

@@ -85,6 +85,13 @@ class PackView:
     """The slowdown the guard aims for: max_slowdown, or more where no order can keep it."""
     promoted_lag_s: Mapping[str, float]
     """Jobs promoted for the bound, with their lag (seconds)."""
+    lag_s: Mapping[str, float] = field(default_factory=dict)
+    """Every job's time lost to waiting over the window (seconds)."""
+
+    @property
+    def lag_allowed_s(self) -> float:
+        """The lag past which a job's slowdown over the window exceeds max_slowdown."""
+        return (1 - 1 / self.max_slowdown) * self.window_s
 
 
 @dataclass
@@ -191,6 +198,7 @@ class BandPolicy:
             window_s=self.starvation_window_s,
             bound_aimed_for=self._guard.effective_bound,
             promoted_lag_s=self.promoted,
+            lag_s=dict(self._guard.lags),
         )
 
     def _track(self, jobs: set[str] | frozenset[str]) -> None:

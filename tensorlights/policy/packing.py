@@ -100,6 +100,8 @@ class StarvationGuard:
     """Promoted job -> its lag (seconds) when last judged."""
     effective_bound: float = 0.0
     """The bound aimed for at the last update (see feasible_bound)."""
+    lags: dict[str, float] = field(default_factory=dict)
+    """Every job's lag (seconds) when last judged."""
 
     def lag(self, job: str, now: float, load: JobLoad | None) -> float:
         """Time lost to waiting over the window ending now."""
@@ -137,6 +139,7 @@ class StarvationGuard:
         self.effective_bound = self.feasible_bound(loads, jobs)
         limit = self.threshold(self.effective_bound)
         candidates: dict[str, float] = {}
+        self.lags = {}
         for job in jobs:
             self._first_seen.setdefault(job, now)
             load = loads.get(job)
@@ -147,7 +150,7 @@ class StarvationGuard:
                 # Keep one sample at or before the window's start.
                 while len(history) > 1 and history[1][0] <= now - self.window_s:
                     history.popleft()
-            lag = self.lag(job, now, load)
+            lag = self.lags[job] = self.lag(job, now, load)
             if lag > limit or (job in self.promoted and lag >= RELEASE_AT * limit):
                 candidates[job] = lag
         # Promote only as many as fit on the link together (the most behind first): more

@@ -23,7 +23,6 @@ import contextlib
 import os
 import shutil
 import signal
-import socket
 import subprocess
 import tempfile
 import time
@@ -31,14 +30,10 @@ from collections.abc import Callable, Iterator, Sequence
 from dataclasses import dataclass, field
 from pathlib import Path
 
+from tensorlights.testbed.processes import free_port, stop
+
 DAEMONS = ("munged", "slurmctld", "slurmd")
 FREEZER = Path("/sys/fs/cgroup/freezer")
-
-
-def _free_port() -> int:
-    with socket.socket() as probe:
-        probe.bind(("127.0.0.1", 0))
-        return int(probe.getsockname()[1])
 
 
 @dataclass
@@ -124,8 +119,8 @@ def start_slurm(nodes: Sequence[str], ready_timeout_s: float = 30) -> SlurmClust
         key = root / "munge.key"
         key.write_bytes(os.urandom(1024))
         key.chmod(0o600)
-        ports = [_free_port() for _ in nodes]
-        cluster.conf.write_text(_config(root, nodes, _free_port(), ports, cluster.cgroups))
+        ports = [free_port() for _ in nodes]
+        cluster.conf.write_text(_config(root, nodes, free_port(), ports, cluster.cgroups))
         munged = [
             "munged", "--foreground", f"--socket={root}/munge.sock", f"--key-file={key}",
             f"--pid-file={root}/munged.pid", f"--log-file={root}/log/munged.log",
@@ -177,13 +172,7 @@ def stop_slurm(cluster: SlurmCluster) -> None:
                 "jobs to end",
             )
     for proc in reversed(cluster.processes):  # slurmd first, munged last
-        if proc.poll() is None:
-            proc.terminate()
-            try:
-                proc.wait(timeout=10)
-            except subprocess.TimeoutExpired:
-                proc.kill()
-                proc.wait()
+        stop(proc)
     _kill_leftover_steps(cluster.root)
     if cluster.cgroups:
         _remove_cgroups([FREEZER / f"slurm_{node}" for node in cluster.nodes])

@@ -110,7 +110,7 @@ def test_agent_finds_tf_jobs_shapes_the_link_and_rotates_the_light(
     assert metric(text, "tensorlights_jobs") == 2
     assert metric(text, "tensorlights_rotations_total") >= 5
     for job in document["bands"]:
-        assert metric(text, "tensorlights_green_seconds_total", f'job="{job}"') > 2.0
+        assert metric(text, "tensorlights_green_seconds_total", f'training_job="{job}"') > 2.0
     assert (
         time.time() - metric(text, "tensorlights_last_successful_reconcile_timestamp_seconds") < 5
     )

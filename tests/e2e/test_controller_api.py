@@ -14,18 +14,13 @@ import pytest
 
 from tensorlights.rpc.v1 import agent_link_pb2 as pb
 from tensorlights.rpc.v1 import operator_pb2 as op_pb
+from tensorlights.testbed.processes import free_port
 
 from .controllerproc import ControllerProcess, make_pki
 
 pytestmark = pytest.mark.root
 
 Code = grpc.StatusCode
-
-
-def free_port() -> int:
-    with socket.socket() as probe:
-        probe.bind(("127.0.0.1", 0))
-        return int(probe.getsockname()[1])
 
 
 @pytest.fixture

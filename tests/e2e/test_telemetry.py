@@ -54,7 +54,7 @@ def test_measured_spread_and_period_match_the_workers_own_log(
                 # kept (a job that ends between the status and the scrape leaves the agent,
                 # and its series with it).
                 scraped_code, scraped = agent.http("/metrics")
-                if all(f'spread_seconds_count{{job="{job}"}}' in scraped for job in jobs):
+                if all(f'spread_seconds_count{{training_job="{job}"}}' in scraped for job in jobs):
                     code, text = scraped_code, scraped
             return AgentStatus.from_json(document) if document and "version" in document else None
 
@@ -69,10 +69,14 @@ def test_measured_spread_and_period_match_the_workers_own_log(
         # Every reported iteration within 10% or 10 ms of the truth, bar one.
         assert agreement.spread_ok >= agreement.matched - 1, (job, agreement)
         assert agreement.period_ok >= agreement.period_checked - 1, (job, agreement)
-        assert metric(text, "tensorlights_straggler_spread_seconds_count", f'job="{job}"') > 0
-        assert metric(text, "tensorlights_iteration_seconds_count", f'job="{job}"') > 0
-        assert metric(text, "tensorlights_job_sent_bytes_total", f'job="{job}"') > 3_000_000
-        assert metric(text, "tensorlights_job_sent_packets_total", f'job="{job}"') > 100
+        assert (
+            metric(text, "tensorlights_straggler_spread_seconds_count", f'training_job="{job}"') > 0
+        )
+        assert metric(text, "tensorlights_iteration_seconds_count", f'training_job="{job}"') > 0
+        assert (
+            metric(text, "tensorlights_job_sent_bytes_total", f'training_job="{job}"') > 3_000_000
+        )
+        assert metric(text, "tensorlights_job_sent_packets_total", f'training_job="{job}"') > 100
     assert code == 200
     if policy == "rotate":
         assert metric(text, "tensorlights_band_bytes_total", 'band="0"') > 0

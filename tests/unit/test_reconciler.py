@@ -326,10 +326,10 @@ def test_a_job_that_ends_while_green_leaves_no_metric_series() -> None:
     clock.now += 0.25
     app.step()
     green = "tensorlights_green_seconds_total"
-    assert app.registry.get_sample_value(green, {"job": "a"}) == pytest.approx(0.25)
+    assert app.registry.get_sample_value(green, {"training_job": "a"}) == pytest.approx(0.25)
     scanner.jobs.remove("a")  # the green job ends
     clock.now += 0.25
     app.step()
-    assert app.registry.get_sample_value(green, {"job": "a"}) is None
-    assert app.registry.get_sample_value("tensorlights_job_band", {"job": "a"}) is None
-    assert app.registry.get_sample_value("tensorlights_job_band", {"job": "b"}) == 0
+    assert app.registry.get_sample_value(green, {"training_job": "a"}) is None
+    assert app.registry.get_sample_value("tensorlights_job_band", {"training_job": "a"}) is None
+    assert app.registry.get_sample_value("tensorlights_job_band", {"training_job": "b"}) == 0
