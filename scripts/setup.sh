@@ -9,7 +9,9 @@ extra=${1:-}
 install_missing() {  # apt-get install the given packages that are not installed yet
   local missing=()
   for pkg in "$@"; do
-    dpkg -s "$pkg" >/dev/null 2>&1 || missing+=("$pkg")
+    # Installed, not merely known (a removed package keeps "deinstall ok config-files").
+    [[ $(dpkg-query -W -f='${Status}' "$pkg" 2>/dev/null) == "install ok installed" ]] ||
+      missing+=("$pkg")
   done
   if ((${#missing[@]})); then
     echo "installing: ${missing[*]}"
