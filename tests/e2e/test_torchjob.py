@@ -81,4 +81,10 @@ def test_the_agent_finds_shapes_and_measures_a_real_pytorch_ps(
     while time.monotonic() < deadline and len(seen) < ITERATIONS - 4:
         seen = (agent.status() or {}).get("telemetry", {}).get(job, [])
         time.sleep(0.2)
-    assert len(seen) >= ITERATIONS - 4, seen
+    # Said in full when it fails: when worker 1 got each push and when the agent saw each
+    # iteration end (both monotonic).
+    seen_at = [item["last_done_monotonic"] for item in seen if isinstance(item, dict)]
+    assert len(seen) >= ITERATIONS - 4, (
+        f"saw {len(seen)} of {ITERATIONS}; worker 1 received at {received[0]}; the agent saw "
+        f"iterations end at {seen_at}; agent log: {agent.log_text()[-1500:]}"
+    )
