@@ -20,6 +20,7 @@ from tensorlights.agent.status import (
     Shaping,
     TelemetryView,
 )
+from tensorlights.discovery.trust import JobVoucher
 from tensorlights.model import Mode
 from tensorlights.policy.bands import PackView
 from tensorlights.policy.packing import JobLoad
@@ -74,7 +75,10 @@ def build_status(record: PassRecord, live: LiveParts) -> AgentStatus:
             order=tuple(plan.order),
             mode=Mode.PLAN if plan.generation else Mode.LOCAL,
             plan_generation=plan.generation,
-            discovery=snapshot_view(result.snapshot),
+            discovery={
+                **snapshot_view(result.snapshot),
+                "vouchers": [_voucher(v) for v in result.vouchers],
+            },
             light=Light(
                 green=plan.green,
                 green_since=wall(plan.green_since),
@@ -120,6 +124,15 @@ def build_status(record: PassRecord, live: LiveParts) -> AgentStatus:
         shaping=shaping,
         telemetry=telemetry,
     )
+
+
+def _voucher(voucher: JobVoucher) -> dict[str, Any]:
+    return {
+        "job": voucher.job,
+        "source": voucher.source.value,
+        "user": voucher.user,
+        "pods": [pod for pod, _ in voucher.pods],
+    }
 
 
 def _pack(view: PackView, loads: Mapping[str, JobLoad]) -> dict[str, Any]:

@@ -43,6 +43,8 @@ class PassResult:
     """What telemetry measured per job at this pass (pack's input, the reported demand)."""
     pack: PackView | None = None
     """pack's starvation guard after this pass (None under other policies)."""
+    vouchers: tuple[JobVoucher, ...] = ()
+    """What the controller vouched for on this host when the pass ran."""
 
 
 def desired_spec(
@@ -175,6 +177,7 @@ class Reconciler:
             duration_s=self._clock() - now,
             loads=loads,
             pack=self._policy.local.pack_view() if self.config.policy is PolicyName.PACK else None,
+            vouchers=self._vouchers,
         )
 
     def dry_run(self) -> tuple[BandPlan, DatapathSpec | None, PlannedChange | None]:

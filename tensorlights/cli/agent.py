@@ -303,8 +303,15 @@ def status(socket_path: Path, as_json: bool) -> None:
             period,
         )
     console.print(table)
+    for voucher in discovery.get("vouchers", []):
+        vouched = voucher["user"] or f"{len(voucher['pods'])} pods"
+        console.print(
+            literal(f"the controller vouches for {voucher['job']} ({voucher['source']}: {vouched})")
+        )
+    for problem in discovery.get("problems", []):
+        console.print(Text("warning:", style="yellow"), literal(problem))
     if status.last_error:
-        console.print(Text("last error: ", style="red"), literal(status.last_error))
+        console.print(Text("last error:", style="red"), literal(status.last_error))
 
 
 def _median(values: list[float], fmt: str) -> str:
@@ -374,7 +381,7 @@ def discover(config_path: Path | None, trust: str | None, as_json: bool) -> None
     if view["contested_ports"]:
         console.print(f"ports used by several jobs (shaped as none): {view['contested_ports']}")
     for problem in view["problems"]:
-        console.print(Text("warning: ", style="yellow"), literal(problem))
+        console.print(Text("warning:", style="yellow"), literal(problem))
 
 
 @main.command()

@@ -58,7 +58,8 @@ def test_a_pod_is_believed_while_the_controller_knows_it(
         stack.callback(controller.stop)
         agent = AgentProcess(pair, tmp_path / "ps1", standalone=False, trust="resource-manager")
         stack.callback(agent.stop)
-        known = stack.enter_context(own_cgroup(f"kubepods/burstable/pod{pod['metadata']['uid']}/c"))
+        pod_uid = pod["metadata"]["uid"]
+        known = stack.enter_context(own_cgroup(f"kubepods/burstable/pod{pod_uid}/c"))
         stranger = stack.enter_context(own_cgroup(f"kubepods/burstable/pod{uuid.uuid4()}/c"))
         in_ns = pair.a.exec_args()
         ps = start_holder(env, "--host", pair.a.ipv4, prefix=[*in_cgroup(known), *in_ns])
@@ -74,6 +75,19 @@ def test_a_pod_is_believed_while_the_controller_knows_it(
         (task,) = [t for t in document["discovery"]["tasks"] if t["job"] == job]
         assert task["pid"] == ps.pid  # the rival's sockets are not the job's
         assert job in document["bands"]
+        # What the controller vouches for, and what is not believed, shown to the operator.
+        vouchers = document["discovery"]["vouchers"]
+        assert vouchers == [{"job": job, "source": "kubernetes", "user": "", "pods": [pod_uid]}]
+        cli = [sys.executable, "-m", "tensorlights.cli.agent", "status", "--socket", agent.socket]
+        shown = subprocess.run(
+            [str(arg) for arg in cli],
+            capture_output=True,
+            text=True,
+            check=True,
+            env=clean_env({"COLUMNS": "300"}),  # one line per warning
+        ).stdout
+        assert f"the controller vouches for {job} (kubernetes: 1 pods)" in shown
+        assert f"warning: pid {rival.pid} " in shown and "not trusted" in shown
         controller.wait(
             lambda: any(
                 j["job"] == job and j["sources"] == ["agent", "kubernetes"]
