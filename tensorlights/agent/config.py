@@ -67,6 +67,14 @@ def _rate(value: Any, key: str) -> int:
     return parse_rate(read_text(value, key))
 
 
+def uid_of(user: str) -> int | None:
+    """The uid of the user so named on this host (None: no such user)."""
+    try:
+        return pwd.getpwnam(user).pw_uid
+    except KeyError:
+        return None
+
+
 def _uids(value: Any, key: str) -> frozenset[int]:
     """User names (looked up now) or numeric uids."""
     if not isinstance(value, list):
@@ -76,10 +84,10 @@ def _uids(value: Any, key: str) -> frozenset[int]:
         if isinstance(user, int) and not isinstance(user, bool) and user >= 0:
             uids.add(user)
         elif isinstance(user, str) and user:
-            try:
-                uids.add(pwd.getpwnam(user).pw_uid)
-            except KeyError:
-                raise ConfigError(f"{key}: there is no user {user!r} on this host") from None
+            uid = uid_of(user)
+            if uid is None:
+                raise ConfigError(f"{key}: there is no user {user!r} on this host")
+            uids.add(uid)
         else:
             raise ConfigError(f"{key}: {user!r} is neither a user name nor a uid")
     return frozenset(uids)

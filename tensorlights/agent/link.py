@@ -5,14 +5,13 @@ each report (users resolved on this host) and what it reports after each pass.""
 from __future__ import annotations
 
 import logging
-import pwd
 import queue
 import statistics
 import threading
 from collections.abc import Callable, Mapping, Sequence
 
 from tensorlights import __version__
-from tensorlights.agent.config import AgentConfig
+from tensorlights.agent.config import AgentConfig, uid_of
 from tensorlights.agent.reconcile import PassResult, shaped_jobs
 from tensorlights.agent.status import ControllerLinkView
 from tensorlights.discovery.trust import NO_SUCH_USER, JobVoucher
@@ -130,9 +129,8 @@ def resolve(voucher: Voucher) -> JobVoucher:
     """The voucher with its user's uid on this host (looked up now: users come and go)."""
     uid = None
     if voucher.user:
-        try:
-            uid = pwd.getpwnam(voucher.user).pw_uid
-        except KeyError:
+        uid = uid_of(voucher.user)
+        if uid is None:
             log.warning(
                 "the controller says job %s is user %r's, a user this host does not know: "
                 "none of its processes can match",

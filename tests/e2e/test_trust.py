@@ -18,6 +18,7 @@ import pytest
 
 from tensorlights.testbed import netns
 from tensorlights.testbed.kube_emulator import kubeflow_pod
+from tensorlights.testbed.processes import stop
 from tensorlights.testbed.psjob import tf_job_id, tf_launcher_env
 from tensorlights.testbed.socket_holder import Holder, clean_env, start_holder
 
@@ -118,9 +119,5 @@ def kube_emulator(host: netns.Host, pods_file: Path) -> Iterator[str]:
         assert url.startswith("http://"), f"the emulator did not start ({emulator.poll()})"
         yield url
     finally:
-        emulator.stdin.close()
-        try:
-            emulator.wait(timeout=10)
-        except subprocess.TimeoutExpired:
-            emulator.kill()
-            emulator.wait()
+        emulator.stdin.close()  # its signal to stop; `stop` makes sure
+        stop(emulator)
