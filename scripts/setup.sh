@@ -24,8 +24,8 @@ install_missing() {  # apt-get install the given packages that are not installed
 install_missing iproute2 nftables ethtool python3 python3-venv python3-pip
 if [[ $extra == test ]]; then
   # The tests start a real Slurm (munged, slurmctld, slurmd) and a real Prometheus (and its
-  # promtool) as plain processes.
-  install_missing slurmctld slurmd munge slurm-client prometheus
+  # promtool) as plain processes, and build the Slurm plugin against Slurm's headers.
+  install_missing slurmctld slurmd munge slurm-client prometheus libslurm-dev gcc make
 fi
 
 if [[ ! -x .venv/bin/python ]]; then

@@ -398,7 +398,13 @@ def _int_set(values: Mapping[str, Any], key: str) -> frozenset[int] | None:
     return frozenset(items)
 
 
-_DISCOVERY_KEYS = {"torch_ps_roles", "torch_ps_ranks", "slurm_ps_procids", "rule"}
+_DISCOVERY_KEYS = {
+    "torch_ps_roles",
+    "torch_ps_ranks",
+    "slurm_ps_procids",
+    "slurm_spank_dir",
+    "rule",
+}
 _RULE_KEYS = {"name", "role", "job", "exe", "cmdline_regex", "env"}
 
 
@@ -416,6 +422,13 @@ def _discovery(table: Any) -> DiscoveryRules:
     procids = _int_set(table, "slurm_ps_procids")
     if procids is not None:
         rules = replace(rules, slurm_ps_procids=procids)
+    spank_dir = table.get("slurm_spank_dir")
+    if spank_dir is not None:
+        if not isinstance(spank_dir, str) or not spank_dir.startswith("/"):
+            raise ConfigError(
+                "discovery.slurm_spank_dir must be an absolute path (the Slurm plugin's dir=)"
+            )
+        rules = replace(rules, slurm_spank_dir=spank_dir)
     operator_rules = []
     for raw in table.get("rule", []):
         if not isinstance(raw, dict) or set(raw) - _RULE_KEYS:

@@ -1,7 +1,8 @@
 """Which training job a process belongs to and its role in it, from what launchers set (pure).
 
 Precedence, first that applies:
-  role: TENSORLIGHTS_ROLE > operator rule > TF_CONFIG > DMLC_ROLE > torchrun/torch.distributed
+  role: TENSORLIGHTS_ROLE > operator rule > the Slurm plugin's record of the job step
+        (`srun --tensorlights-ps-tasks`) > TF_CONFIG > DMLC_ROLE > torchrun/torch.distributed
         > Slurm role rule (SLURM_PROCID in `slurm_ps_procids`)
   job:  TENSORLIGHTS_JOB > operator rule > Slurm job id (env or cgroup; the resource manager's
         name, which the controller also learns from Slurm) > the framework's own identity
@@ -35,6 +36,9 @@ TASK = "task"
 ROLES = (PS, WORKER, CHIEF, SCHEDULER, EVALUATOR, TASK)
 """The roles a process can have; an operator rule names one of them."""
 
+DEFAULT_SPANK_DIR = "/run/tensorlights/slurm"
+"""Where the Slurm plugin (deploy/slurm) records job steps' PS tasks unless told `dir=`."""
+
 ENV_JOB = "TENSORLIGHTS_JOB"
 ENV_ROLE = "TENSORLIGHTS_ROLE"
 
@@ -52,6 +56,9 @@ class ProcessFacts:
     cgroup: str
     uid: int
     """Real user id."""
+    declared_ps_tasks: frozenset[int] | None = None
+    """The tasks (SLURM_PROCIDs) that Slurm's TensorLights plugin recorded as PS for the job
+    step this process runs in (discovery/spank_records.py); None where it recorded nothing."""
 
 
 @dataclass(frozen=True)
@@ -59,7 +66,8 @@ class Identity:
     job: str
     role: str
     source: str
-    """Which rule decided the role: env, rule:<name>, tf_config, dmlc, torch, slurm."""
+    """Which rule decided the role: env, rule:<name>, slurm_spank, tf_config, dmlc, torch,
+    slurm."""
     peers: tuple[str, ...] = ()
     """The job's worker endpoints (host:port) where the launcher's spec names them."""
 
@@ -114,6 +122,8 @@ class DiscoveryRules:
     """RANK values that mean parameter server (e.g. {0} where rank 0 serves the model)."""
     slurm_ps_procids: frozenset[int] = frozenset()
     """SLURM_PROCID values that mean parameter server, for jobs with no framework variables."""
+    slurm_spank_dir: str = DEFAULT_SPANK_DIR
+    """Where the Slurm plugin records each job step's PS tasks (its `dir=` argument)."""
     operator_rules: tuple[OperatorRule, ...] = ()
     trust: Trust = field(default_factory=Trust)
     """Whose claims are believed; by default only what a resource manager vouches for."""
@@ -133,7 +143,10 @@ def identify(facts: ProcessFacts, rules: DiscoveryRules) -> Verdict:
         role, job, source, peers = framework.role, framework.job, framework.source, framework.peers
     if slurm_job is not None:
         job = f"slurm/{slurm_job}"
-        if role is None:
+        declared = _declared_role(env, facts.declared_ps_tasks, role, problems)
+        if declared is not None:
+            role, source = declared, "slurm_spank"
+        elif role is None:
             role, source = _slurm_role(env, rules, problems), "slurm"
 
     for rule in rules.operator_rules:
@@ -162,8 +175,8 @@ def identify(facts: ProcessFacts, rules: DiscoveryRules) -> Verdict:
         return Verdict(None, problem)
     if job is None:
         return Verdict(None, f"role {role} from {source} but no job id: set {ENV_JOB}")
-    if problem := job_id_problem(job):
-        return Verdict(None, problem)
+    if bad_job := job_id_problem(job):
+        return Verdict(None, bad_job)
     if reason := distrust(job, source, facts.uid, facts.cgroup, rules.trust):
         return Verdict(None, "; ".join(filter(None, (problem, reason))), untrusted=True)
     return Verdict(Identity(job=job, role=role, source=source, peers=peers), problem)
@@ -259,6 +272,29 @@ def _slurm_job(env: Mapping[str, str], cgroup: str) -> str | None:
         return job_id
     task = slurm_task(cgroup)
     return None if task is None else str(task.job_id)
+
+
+def _declared_role(
+    env: Mapping[str, str],
+    ps_tasks: frozenset[int] | None,
+    framework_role: str | None,
+    problems: list[str],
+) -> str | None:
+    """The role the plugin's record gives this task: PS if listed; otherwise whatever the
+    framework says short of PS (the user declared which tasks are PS), else a plain task."""
+    if ps_tasks is None:
+        return None
+    procid = env.get("SLURM_PROCID", "").strip()
+    if not procid.isdigit():
+        problems.append(
+            "the Slurm plugin declared PS tasks for this step but the task has no SLURM_PROCID"
+        )
+        return None
+    if int(procid) in ps_tasks:
+        return PS
+    if framework_role is None or framework_role == PS:
+        return TASK
+    return framework_role
 
 
 def _slurm_role(env: Mapping[str, str], rules: DiscoveryRules, problems: list[str]) -> str:

@@ -24,12 +24,14 @@ from __future__ import annotations
 import os
 import time
 from collections.abc import Callable, Iterable
-from dataclasses import dataclass
+from dataclasses import dataclass, replace
 from typing import Literal
 
 from tensorlights.discovery.procfs import ProcessGone, ProcessHidden, ProcFs, ProcKey
-from tensorlights.discovery.rules import DiscoveryRules, Identity, identify
+from tensorlights.discovery.rules import DiscoveryRules, Identity, ProcessFacts, identify
 from tensorlights.discovery.sockdiag import SockDiag, TcpSocket, TcpState
+from tensorlights.discovery.spank_records import SpankRecordError, SpankRecords
+from tensorlights.discovery.trust import slurm_task
 from tensorlights.errors import TensorLightsError, TransientError
 from tensorlights.model import DiscoverySnapshot, PsConnection, PsTask
 
@@ -89,6 +91,7 @@ class Scanner:
         socket_refresh_s: float = 1.0,
     ) -> None:
         self.rules = rules
+        self._spank = SpankRecords(rules.slurm_spank_dir)
         self._proc = procfs or ProcFs()
         self._clock = clock
         self._exec_grace_s = exec_grace_s
@@ -116,6 +119,7 @@ class Scanner:
     def set_rules(self, rules: DiscoveryRules) -> None:
         """New rules (a config reload): every process is classified again at the next scan."""
         self.rules = rules
+        self._spank = SpankRecords(rules.slurm_spank_dir)
         for pid in list(self._entries):
             self._forget(pid)
 
@@ -173,16 +177,37 @@ class Scanner:
         )
         if cmdline:  # kernel threads have none, and no environment to read
             try:
-                verdict = identify(self._proc.facts(stat.key), self.rules)
+                facts, record_problem = self._with_spank_record(self._proc.facts(stat.key))
+                verdict = identify(facts, self.rules)
             except ProcessGone:
                 return []
             except ProcessHidden:
                 entry.hidden = True
             else:
-                entry.identity, entry.problem = verdict.identity, verdict.problem
-                entry.untrusted = verdict.untrusted
+                entry.identity, entry.untrusted = verdict.identity, verdict.untrusted
+                entry.problem = "; ".join(filter(None, (record_problem, verdict.problem))) or None
         self._entries[pid] = entry
         return [entry]
+
+    def _with_spank_record(self, facts: ProcessFacts) -> tuple[ProcessFacts, str | None]:
+        """The facts with the PS tasks Slurm's plugin recorded for the process's job step (the
+        step its cgroup names, else its SLURM_JOB_ID/SLURM_STEP_ID), and why a record there
+        is not believed."""
+        task = slurm_task(facts.cgroup)
+        if task is not None:
+            job, step = str(task.job_id), task.step
+        else:
+            job = facts.environ.get("SLURM_JOB_ID", "").strip()
+            step = facts.environ.get("SLURM_STEP_ID", "").strip()
+        if not (job.isdigit() and step.isdigit()):
+            return facts, None  # not a task of a job step: the plugin records only those
+        try:
+            record = self._spank.step(int(job), step)
+        except SpankRecordError as exc:
+            return facts, str(exc)
+        if record is None:
+            return facts, None
+        return replace(facts, declared_ps_tasks=record.ps_tasks), None
 
     def _recheck_exec(self, entry: _Entry, now: float) -> list[_Entry]:
         """A young process may have exec()ed since: its command line says so."""

@@ -32,7 +32,7 @@ from enum import StrEnum
 from tensorlights.model import VoucherSource
 
 SLURM_TASK_CGROUP = re.compile(
-    r"(?:/uid_(?P<uid>\d+))?/job_(?P<job>\d+)/step_[^/\n]+(?:/user)?(?:/task_\d+)?$",
+    r"(?:/uid_(?P<uid>\d+))?/job_(?P<job>\d+)/step_(?P<step>[^/\n]+)(?:/user)?(?:/task_\d+)?$",
     re.MULTILINE,
 )
 """A task of a Slurm job step in /proc/PID/cgroup: `.../uid_U/job_N/step_S` (cgroup v1
@@ -86,11 +86,12 @@ TRUST_ANY = Trust(TrustMode.ANY)
 
 @dataclass(frozen=True)
 class SlurmTask:
-    """What a process's cgroup says about it: a task of Slurm job `job_id`, owned by `uid`
-    where the path names the owner."""
+    """What a process's cgroup says about it: a task of step `step` (a number, `batch` or
+    `extern`) of Slurm job `job_id`, owned by `uid` where the path names the owner."""
 
     job_id: int
     uid: int | None
+    step: str
 
 
 def slurm_task(cgroup: str) -> SlurmTask | None:
@@ -98,7 +99,7 @@ def slurm_task(cgroup: str) -> SlurmTask | None:
     if match is None:
         return None
     uid = match.group("uid")
-    return SlurmTask(int(match.group("job")), None if uid is None else int(uid))
+    return SlurmTask(int(match.group("job")), None if uid is None else int(uid), match["step"])
 
 
 def pod_uid(cgroup: str) -> str | None:

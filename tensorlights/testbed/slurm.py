@@ -34,6 +34,21 @@ from tensorlights.testbed.processes import free_port, stop
 
 DAEMONS = ("munged", "slurmctld", "slurmd")
 FREEZER = Path("/sys/fs/cgroup/freezer")
+SPANK_SOURCE = Path(__file__).resolve().parents[2] / "deploy" / "slurm"
+"""The TensorLights SPANK plugin's source and Makefile (in a checkout)."""
+
+
+def build_spank_plugin(out_dir: Path) -> Path:
+    """Compiles the TensorLights SPANK plugin into `out_dir` against the installed Slurm
+    headers (libslurm-dev; scripts/setup.sh test installs it) and returns the .so."""
+    if not (SPANK_SOURCE / "Makefile").exists():
+        raise RuntimeError(f"no plugin source at {SPANK_SOURCE}: run from a checkout")
+    result = subprocess.run(
+        ["make", "-s", "-C", str(SPANK_SOURCE), f"OUT={out_dir}"], capture_output=True, text=True
+    )
+    if result.returncode != 0:
+        raise RuntimeError(f"building the SPANK plugin failed:\n{result.stderr}")
+    return out_dir / "tensorlights_spank.so"
 
 
 @dataclass
@@ -43,6 +58,8 @@ class SlurmCluster:
     cgroups: bool
     """Tasks sit in their job's cgroup (proctrack/cgroup); else only Slurm's own bookkeeping
     knows them (proctrack/linuxproc)."""
+    spank: tuple[str, ...] = ()
+    """plugstack.conf lines (SPANK plugins every daemon and command loads)."""
     processes: list[subprocess.Popen[bytes]] = field(default_factory=list)
 
     @property
@@ -64,8 +81,15 @@ class SlurmCluster:
 
 
 def _config(
-    root: Path, nodes: Sequence[str], ctld_port: int, node_ports: list[int], cgroups: bool
+    root: Path,
+    nodes: Sequence[str],
+    ctld_port: int,
+    node_ports: list[int],
+    cgroups: bool,
+    spank: Sequence[str],
 ) -> str:
+    if spank:
+        (root / "plugstack.conf").write_text("".join(f"{line}\n" for line in spank))
     if cgroups:
         (root / "cgroup.conf").write_text(
             f"CgroupPlugin=cgroup/v1\nCgroupAutomount=no\nCgroupMountpoint={FREEZER.parent}\n"
@@ -95,6 +119,8 @@ def _config(
         "JobAcctGatherType=jobacct_gather/none",
         "AccountingStorageType=accounting_storage/none",
     ]
+    if spank:
+        lines.append(f"PlugStackConfig={root}/plugstack.conf")
     for name, port in zip(nodes, node_ports, strict=True):
         lines.append(
             f"NodeName={name} NodeHostname=localhost NodeAddr=127.0.0.1 Port={port} "
@@ -106,13 +132,17 @@ def _config(
     return "\n".join(lines) + "\n"
 
 
-def start_slurm(nodes: Sequence[str], ready_timeout_s: float = 30) -> SlurmCluster:
+def start_slurm(
+    nodes: Sequence[str], ready_timeout_s: float = 30, spank: Sequence[str] = ()
+) -> SlurmCluster:
     missing = [name for name in DAEMONS if shutil.which(name) is None]
     if missing:
         raise RuntimeError(f"Slurm is not installed (missing {missing}): scripts/setup.sh test")
     root = Path(tempfile.mkdtemp(prefix="tl-slurm-"))
     os.chmod(root, 0o700)  # munged refuses keys and sockets others could reach
-    cluster = SlurmCluster(root, tuple(nodes), cgroups=(FREEZER / "cgroup.procs").exists())
+    cluster = SlurmCluster(
+        root, tuple(nodes), cgroups=(FREEZER / "cgroup.procs").exists(), spank=tuple(spank)
+    )
     try:
         for sub in ("state", "spool", "log"):
             (root / sub).mkdir()
@@ -120,7 +150,9 @@ def start_slurm(nodes: Sequence[str], ready_timeout_s: float = 30) -> SlurmClust
         key.write_bytes(os.urandom(1024))
         key.chmod(0o600)
         ports = [free_port() for _ in nodes]
-        cluster.conf.write_text(_config(root, nodes, free_port(), ports, cluster.cgroups))
+        cluster.conf.write_text(
+            _config(root, nodes, free_port(), ports, cluster.cgroups, cluster.spank)
+        )
         munged = [
             "munged", "--foreground", f"--socket={root}/munge.sock", f"--key-file={key}",
             f"--pid-file={root}/munged.pid", f"--log-file={root}/log/munged.log",
@@ -214,8 +246,8 @@ def _kill_leftover_steps(root: Path) -> None:
 
 
 @contextlib.contextmanager
-def slurm_cluster(nodes: Sequence[str]) -> Iterator[SlurmCluster]:
-    cluster = start_slurm(nodes)
+def slurm_cluster(nodes: Sequence[str], spank: Sequence[str] = ()) -> Iterator[SlurmCluster]:
+    cluster = start_slurm(nodes, spank=spank)
     try:
         yield cluster
     finally:

@@ -6,7 +6,6 @@ job's cgroup, while a process beside it that only names itself a PS is not (issu
 from __future__ import annotations
 
 import os
-import shutil
 import sys
 from pathlib import Path
 
@@ -16,18 +15,11 @@ from tensorlights.testbed import netns
 from tensorlights.testbed.slurm import slurm_cluster
 from tensorlights.testbed.socket_holder import clean_env, start_holder
 
+from ..functional.slurmtasks import CONNECTED_TASK, SLURM_TESTS
 from .agentproc import AgentProcess, metric
 from .controllerproc import ControllerProcess, agent_config, make_pki
 
-pytestmark = [
-    pytest.mark.root,
-    pytest.mark.skipif(shutil.which("slurmctld") is None, reason="Slurm not installed"),
-]
-
-TASK = (
-    "import socket, time; s = socket.socket(); s.bind(('127.0.0.1', 0)); s.listen(); "
-    "c = socket.create_connection(s.getsockname()); time.sleep(120)"
-)
+pytestmark = SLURM_TESTS
 
 
 def test_controller_reports_a_slurm_job_with_its_nodes_and_ps_host(
@@ -42,8 +34,8 @@ def test_controller_reports_a_slurm_job_with_its_nodes_and_ps_host(
         script.write_text(
             "#!/bin/sh\n"
             f'if [ "$SLURM_PROCID" = 0 ]; then exec ip netns exec {pair.a.ns} '
-            f'{sys.executable} -c "{TASK}"; fi\n'
-            f'exec {sys.executable} -c "{TASK}"\n'
+            f'{sys.executable} -c "{CONNECTED_TASK}"; fi\n'
+            f'exec {sys.executable} -c "{CONNECTED_TASK}"\n'
         )
         script.chmod(0o755)
         out = slurm.command("sbatch", "-N2", "-n4", "-J", "ps-job", "--wrap", f"srun {script}")

@@ -42,6 +42,8 @@ def test_wheel_and_sdist_build_and_the_wheel_installs_and_runs(tmp_path: Path) -
         "systemd/tensorlights-agent.service",
         "systemd/agent.toml",
         "deploy/prometheus/tensorlights-alerts.yml",
+        "deploy/slurm/tensorlights_spank.c",
+        "deploy/slurm/Makefile",
         "dashboards/tensorlights-host.json",
     } <= members
 

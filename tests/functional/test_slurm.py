@@ -4,7 +4,6 @@ it with its nodes, and discovery names its tasks with the same job id."""
 from __future__ import annotations
 
 import json
-import shutil
 import sys
 import time
 from collections.abc import Iterator
@@ -18,16 +17,9 @@ from tensorlights.errors import TransientError
 from tensorlights.testbed.slurm import SlurmCluster, slurm_cluster
 
 from .holders import scan_until
+from .slurmtasks import LISTENING_TASK, SLURM_TESTS
 
-pytestmark = [
-    pytest.mark.root,
-    pytest.mark.skipif(shutil.which("slurmctld") is None, reason="Slurm not installed"),
-]
-
-TASK = (
-    "import socket, time; s = socket.socket(); s.bind(('127.0.0.1', 0)); s.listen(); "
-    "time.sleep(120)"
-)
+pytestmark = SLURM_TESTS
 
 
 @pytest.fixture(scope="module")
@@ -37,7 +29,7 @@ def slurm() -> Iterator[SlurmCluster]:
 
 
 def test_slurm_source_and_discovery_agree_on_a_multi_task_job(slurm: SlurmCluster) -> None:
-    script = f'srun {sys.executable} -c "{TASK}"'
+    script = f'srun {sys.executable} -c "{LISTENING_TASK}"'
     submitted = time.time()
     out = slurm.command("sbatch", "-N2", "-n4", "-J", "ps-job", "-t", "10", "--wrap", script).stdout
     slurm_id = int(out.split()[-1])

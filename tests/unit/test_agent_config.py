@@ -92,6 +92,7 @@ def test_discovery_rules_from_the_file() -> None:
             "discovery": {
                 "torch_ps_ranks": [0],
                 "slurm_ps_procids": [0, 1],
+                "slurm_spank_dir": "/run/slurm-tl",
                 "rule": [{"name": "r", "role": "ps", "job": "j-${X}", "env": {"A": "1"}}],
             },
         },
@@ -99,6 +100,12 @@ def test_discovery_rules_from_the_file() -> None:
     )
     assert config.discovery.torch_ps_ranks == {0}
     assert config.discovery.slurm_ps_procids == {0, 1}
+    assert config.discovery.slurm_spank_dir == "/run/slurm-tl"
+    assert build_config({"interface": "eth0"}, {}).discovery.slurm_spank_dir == (
+        "/run/tensorlights/slurm"
+    )
+    with pytest.raises(ConfigError, match="slurm_spank_dir must be an absolute path"):
+        build_config({"interface": "eth0", "discovery": {"slurm_spank_dir": "run/x"}}, {})
     assert config.discovery.operator_rules[0].job == "j-${X}"
 
 

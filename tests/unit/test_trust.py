@@ -168,3 +168,33 @@ def test_outside_a_slurm_job_no_environment_earns_an_identity(
 def test_inside_a_slurm_job_no_environment_names_another_job(env: dict[str, str]) -> None:
     found = judge(env, DiscoveryRules(slurm_ps_procids=frozenset({0})), cgroup=V1_TASK).identity
     assert found is None or found.job == "slurm/812"
+
+
+def test_the_slurm_plugins_record_names_the_ps_tasks_with_no_agent_configuration() -> None:
+    """`srun --tensorlights-ps-tasks=0,2`: slurmstepd (root) recorded the step's PS tasks."""
+
+    def declared(procid: str, extra: Mapping[str, str] = {}) -> Verdict:
+        env = {"SLURM_JOB_ID": "812", "SLURM_STEP_ID": "0", "SLURM_PROCID": procid, **extra}
+        facts = ProcessFacts(1, "python", "python3", ("python",), env, V1_TASK, 1000)
+        return identify(replace(facts, declared_ps_tasks=frozenset({0, 2})), STRICT)
+
+    for procid, role in (("0", "ps"), ("1", "task"), ("2", "ps"), ("3", "task")):
+        found = declared(procid).identity
+        assert found is not None and (found.job, found.role, found.source) == (
+            "slurm/812",
+            role,
+            "slurm_spank",
+        )
+    # The record beats a framework's own roles: a torchrun worker listed is the PS, and a
+    # rank the framework would make PS but the user did not list is not.
+    torch = {"MASTER_ADDR": "n1", "MASTER_PORT": "29500", "RANK": "0", "ROLE_NAME": "ps"}
+    found = declared("1", torch).identity
+    assert found is not None and found.role == "task"
+    found = declared("2", {**torch, "ROLE_NAME": "trainer"}).identity
+    assert found is not None and found.role == "ps"
+    # The explicit opt-in still wins (as it does over every launcher).
+    found = declared("0", {"TENSORLIGHTS_ROLE": "worker"}).identity
+    assert found is not None and found.role == "worker"
+    # A task whose SLURM_PROCID is missing cannot be matched: said, never silently a PS.
+    missing = declared("")
+    assert missing.problem is not None and "has no SLURM_PROCID" in missing.problem
