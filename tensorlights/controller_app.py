@@ -31,12 +31,13 @@ from prometheus_client import CollectorRegistry
 
 from tensorlights import __version__
 from tensorlights.controller.config import ControllerConfig
-from tensorlights.controller.core import Controller, Source
+from tensorlights.controller.core import Controller, Source, WatchedSource
+from tensorlights.controller.kubernetes import KubernetesPods
 from tensorlights.controller.metrics import ControllerMetrics
 from tensorlights.controller.planner import Planner
 from tensorlights.controller.registry import Registry
 from tensorlights.controller.slurm import SlurmSource
-from tensorlights.controller.sources import KubernetesPods, SlurmMembership, StaticJobsFile
+from tensorlights.controller.sources import SlurmMembership, StaticJobsFile
 from tensorlights.daemon.health import Health
 from tensorlights.daemon.http import MetricsServer
 from tensorlights.daemon.sdnotify import Notifier
@@ -174,6 +175,9 @@ class ControllerApp:
             for task in tasks:
                 task.cancel()
             await asyncio.gather(*tasks, return_exceptions=True)
+            for source, _ in sources:
+                if isinstance(source, WatchedSource):
+                    await asyncio.to_thread(source.close)
             await server.stop(grace=1.0)
             if local is not None:
                 await local.stop(grace=1.0)

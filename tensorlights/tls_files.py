@@ -29,6 +29,13 @@ class TlsFiles:
     cert: Path
     key: Path
 
+    def for_host(self, host: str) -> TlsFiles:
+        """`{host}` in the paths replaced by `host` (one directory of every node's files)."""
+        ca, cert, key = (
+            Path(str(p).replace("{host}", host)) for p in (self.ca, self.cert, self.key)
+        )
+        return TlsFiles(ca, cert, key)
+
     def read(self, what: str) -> tuple[bytes, bytes, bytes]:
         """(ca, cert, key) bytes; ConfigError naming the file that cannot be read."""
         data = []

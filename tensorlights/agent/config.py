@@ -165,7 +165,8 @@ class AgentConfig:
     controller_tls: TlsFiles | None = spec.param(
         ("controller.ca", "controller.cert", "controller.key"),
         tls_files,
-        "The CA, this host's client certificate and its key (mutual TLS).",
+        "The CA, this host's client certificate and its key (mutual TLS); `{host}` in a path "
+        "is the host name (one Secret holding every node's files, on Kubernetes).",
         default=None,
     )
     controller_server_name: str | None = spec.text_param(
@@ -180,6 +181,8 @@ class AgentConfig:
         "The name this host registers as; its client certificate's common name.",
         default_factory=socket.gethostname,
         default_text="this machine's host name",
+        flag="--host",
+        metavar="NAME",
     )
     metrics_address: tuple[str, int] = spec.address_param(
         "metrics_address",
@@ -333,6 +336,9 @@ def build_config(file_values: Mapping[str, Any], overrides: Mapping[str, Any]) -
         # Giving the controller's address means following it, unless standalone says otherwise.
         fields.setdefault("standalone", "controller" not in fields)
         fields.setdefault("interface", "")
+        tls = fields.get("controller_tls")
+        if tls is not None:
+            fields["controller_tls"] = tls.for_host(fields.get("host_name") or socket.gethostname())
 
     return spec.build(AgentConfig, file_values, overrides, rules)
 

@@ -136,7 +136,7 @@ class ControllerConfig:
     )
     kubernetes_url: str | None = spec.text_param(
         "sources.kubernetes.url",
-        "Kubernetes API server to poll for Kubeflow pods.",
+        "Kubernetes API server whose Kubeflow pods to watch.",
         None,
         flag="--kubernetes-url",
         metavar="URL",
@@ -151,7 +151,12 @@ class ControllerConfig:
         "sources.kubernetes.ca_file", "CA of the API server.", None
     )
     kubernetes_interval_s: float = spec.duration_param(
-        "sources.kubernetes.interval", "How often Kubernetes is polled.", 5.0, low=0.1, high=3600.0
+        "sources.kubernetes.interval",
+        "At the latest, how often the watched pods are read again (a watch event wakes the "
+        "controller at once).",
+        5.0,
+        low=0.1,
+        high=3600.0,
     )
 
     def __post_init__(self) -> None:

@@ -14,7 +14,7 @@ import logging
 import time
 from collections.abc import Callable, Sequence
 from dataclasses import dataclass
-from typing import Protocol
+from typing import Protocol, runtime_checkable
 
 from tensorlights.controller.metrics import ControllerMetrics
 from tensorlights.controller.planner import HostRotationView, Planner
@@ -36,6 +36,17 @@ class Source(Protocol):
     name: str
 
     def jobs(self) -> list[SourceJob]: ...
+
+
+@runtime_checkable
+class WatchedSource(Source, Protocol):
+    """A source that learns of changes itself (a Kubernetes watch): it calls `wake()` from
+    its own thread, and the controller reads `jobs()` at once instead of at the next poll."""
+
+    def subscribe(self, wake: Callable[[], None]) -> None: ...
+
+    def close(self) -> None:
+        """Ends the watch (the controller is stopping)."""
 
 
 @dataclass(frozen=True)
@@ -153,6 +164,14 @@ class Controller:
 
     async def source_loop(self, source: Source, interval_s: float) -> None:
         failing = False
+        woken = asyncio.Event()
+        if isinstance(source, WatchedSource):
+            loop = asyncio.get_running_loop()
+
+            def wake() -> None:  # from the source's thread
+                loop.call_soon_threadsafe(woken.set)
+
+            source.subscribe(wake)
         while True:
             try:
                 jobs = await asyncio.to_thread(source.jobs)
@@ -168,7 +187,9 @@ class Controller:
                 self.registry.set_source(source.name, jobs)
                 self.metrics.source_success.labels(source.name).set(self._clock())
                 self._mark()
-            await asyncio.sleep(interval_s)
+            with contextlib.suppress(TimeoutError):
+                await asyncio.wait_for(woken.wait(), interval_s)
+            woken.clear()
 
     # Operator views -----------------------------------------------------------------------
 

@@ -167,8 +167,11 @@ def test_kubernetes_jobs_reach_tlctl(tmp_path: Path) -> None:
             kubeflow_pod("ml", "bert", "PS", 0, "gpu1"),
             kubeflow_pod("ml", "bert", "Worker", 0, "gpu2"),
         ]
+        # Polled once a minute at most: what arrives sooner came by the watch.
+        (tmp_path / "kube.toml").write_text('[sources.kubernetes]\ninterval = "60s"\n')
         controller = ControllerProcess(
             None, tmp_path, pki, "--kubernetes-url", kube.url,
+            "--config", str(tmp_path / "kube.toml"),
             listen=f"127.0.0.1:{free_port()}", metrics=f"127.0.0.1:{free_port()}",
         )  # fmt: skip
         try:
@@ -177,6 +180,14 @@ def test_kubernetes_jobs_reach_tlctl(tmp_path: Path) -> None:
             assert job["job"] == "k8s/ml/bert" and job["sources"] == ["kubernetes"]
             assert job["nodes"] == ["gpu1", "gpu2"]
             assert job["ps_hosts"] == []  # no agent on gpu1 yet: nothing to coordinate
+
+            # A job starts and another ends: tlctl shows both changes long before a poll.
+            kube.pods = [kubeflow_pod("ml", "gpt", "PS", 0, "gpu3")]
+            controller.wait(
+                lambda: [j["job"] for j in controller.query("jobs")] == ["k8s/ml/gpt"],
+                deadline_s=30,  # half the poll interval
+                what="the watch to bring the new pods",
+            )
         finally:
             controller.stop()
 

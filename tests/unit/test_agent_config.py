@@ -166,3 +166,23 @@ def test_health_turns_unhealthy_when_successes_stop() -> None:
     now[0] = 105.5  # a hung loop: nothing recorded at all
     ok, reason = health.check()
     assert not ok and "not progressing" in reason
+
+
+def test_host_comes_from_the_flag_and_names_its_tls_files(tmp_path: Path) -> None:
+    """On Kubernetes one Secret holds every node's files: `{host}` picks this node's."""
+    for name in ("ca.pem", "gpu7.pem", "gpu7.key"):
+        (tmp_path / name).write_text("x")
+    controller = {
+        "address": "ctl:9740",
+        "ca": f"{tmp_path}/ca.pem",
+        "cert": f"{tmp_path}/{{host}}.pem",
+        "key": f"{tmp_path}/{{host}}.key",
+    }
+    config = build_config(
+        {"interface": "eth0", "controller": controller}, {"controller.host": "gpu7"}
+    )
+    assert config.host_name == "gpu7"
+    assert config.controller_tls is not None
+    assert config.controller_tls.cert == tmp_path / "gpu7.pem"
+    assert config.controller_tls.key == tmp_path / "gpu7.key"
+    assert config.controller_tls.ca == tmp_path / "ca.pem"

@@ -9,6 +9,7 @@ from pathlib import Path
 import pytest
 
 from tensorlights.controller.config import build_config
+from tensorlights.controller.kubernetes import parse_pod_list
 from tensorlights.controller.planner import Planner
 from tensorlights.controller.registry import (
     PodPlacement,
@@ -17,7 +18,7 @@ from tensorlights.controller.registry import (
     StaleMessage,
     UnknownSession,
 )
-from tensorlights.controller.sources import parse_jobs_file, parse_pod_list
+from tensorlights.controller.sources import parse_jobs_file
 from tensorlights.discovery.rules import launcher_job
 from tensorlights.errors import ConfigError
 from tensorlights.model import (
