@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import functools
+import ipaddress
 import math
 import re
 from dataclasses import dataclass, field
@@ -63,10 +64,20 @@ class JobShaping:
     job: str
     band: int
     ports: frozenset[int]
+    pod_endpoints: frozenset[tuple[str, int]] = frozenset()
+    """(address, port) of the job's PS sockets in pods' own network namespaces whose traffic
+    this host forwards (routed or encapsulated): classified before it leaves the host."""
 
     def __post_init__(self) -> None:
         if problem := job_id_problem(self.job):
             raise ConfigError(problem)
+        for address, port in self.pod_endpoints:
+            try:
+                ipaddress.ip_address(address)
+            except ValueError:
+                raise ConfigError(f"job {self.job}: pod address {address!r} is not an IP") from None
+            if not 0 < port <= MAX_PORT:
+                raise ConfigError(f"job {self.job}: pod port {port} is outside 1..{MAX_PORT}")
         if not 0 <= self.band < NUM_BANDS:
             raise ConfigError(f"job {self.job}: band {self.band} is outside 0..{NUM_BANDS - 1}")
         bad = sorted(p for p in self.ports if not 1 <= p <= MAX_PORT)
@@ -100,6 +111,7 @@ class DatapathSpec:
             raise ConfigError(f"unmanaged_band {self.unmanaged_band} is outside 0..{NUM_BANDS - 1}")
         seen_jobs: set[str] = set()
         port_owner: dict[int, str] = {}
+        endpoint_owner: dict[tuple[str, int], str] = {}
         for job in self.jobs:
             if job.job in seen_jobs:
                 raise ConfigError(f"job {job.job} appears twice in the datapath spec")
@@ -108,6 +120,13 @@ class DatapathSpec:
                 other = port_owner.setdefault(port, job.job)
                 if other != job.job:
                     raise ConfigError(f"port {port} is claimed by both {other} and {job.job}")
+            for endpoint in job.pod_endpoints:
+                other = endpoint_owner.setdefault(endpoint, job.job)
+                if other != job.job:
+                    raise ConfigError(
+                        f"pod endpoint {endpoint[0]}:{endpoint[1]} is claimed by both {other} "
+                        f"and {job.job}"
+                    )
 
     def band_of(self) -> dict[str, int]:
         return {job.job: job.band for job in self.jobs}
@@ -139,6 +158,8 @@ class PsConnection:
     """AF_INET (2) or AF_INET6 (10)."""
     kernel_id: bytes = field(default=b"", repr=False, compare=False)
     """The kernel's inet_diag id of this socket, for per-socket tcp_info queries."""
+    local_addr: str = ""
+    """The local address (a pod's own, for a PS in a pod's network namespace)."""
 
 
 @dataclass(frozen=True)
@@ -199,6 +220,29 @@ class DiscoverySnapshot:
             contested |= seen & ports
             seen |= ports
         return frozenset(contested)
+
+    def job_pod_endpoints(self) -> dict[str, frozenset[tuple[str, int]]]:
+        """(address, port) of each job's PS connections in other network namespaces than
+        the agent's (pods, where `pod_shaping` is on), less those two jobs share."""
+        endpoints: dict[str, set[tuple[str, int]]] = {}
+        for task in self.tasks:
+            if task.in_agent_netns:
+                continue
+            for conn in task.connections:
+                if not conn.local_addr:
+                    continue
+                address = ipaddress.ip_address(conn.local_addr)
+                if isinstance(address, ipaddress.IPv6Address) and address.ipv4_mapped:
+                    address = address.ipv4_mapped  # a dual-stack socket's IPv4 peer: on the
+                    # wire an IPv4 packet from the pod's IPv4 address
+                if not address.is_loopback:
+                    endpoints.setdefault(task.job, set()).add((str(address), conn.local_port))
+        seen: set[tuple[str, int]] = set()
+        contested: set[tuple[str, int]] = set()
+        for found in endpoints.values():
+            contested |= seen & found
+            seen |= found
+        return {job: frozenset(found - contested) for job, found in endpoints.items()}
 
     def job_ports(self) -> dict[str, frozenset[int]]:
         """Local ports of each job's PS sockets in the agent's own network namespace (the

@@ -17,7 +17,11 @@ def task_view(task: PsTask) -> dict[str, Any]:
         "in_agent_netns": task.in_agent_netns,
         "listen_ports": sorted(task.listen_ports),
         "connections": [
-            {"local_port": c.local_port, "peer": f"{c.peer_addr}:{c.peer_port}"}
+            {
+                "local": f"{c.local_addr}:{c.local_port}",
+                "local_port": c.local_port,
+                "peer": f"{c.peer_addr}:{c.peer_port}",
+            }
             for c in task.connections
         ],
         "peers": list(task.peers),
@@ -30,6 +34,10 @@ def snapshot_view(snapshot: DiscoverySnapshot) -> dict[str, Any]:
         "tasks": [task_view(task) for task in snapshot.tasks],
         "job_ports": {job: sorted(ports) for job, ports in sorted(snapshot.job_ports().items())},
         "contested_ports": sorted(snapshot.contested_ports()),
+        "job_pod_endpoints": {
+            job: [f"{address}:{port}" for address, port in sorted(found)]
+            for job, found in sorted(snapshot.job_pod_endpoints().items())
+        },
         "members": [{"job": j, "role": r, "processes": n} for j, r, n in snapshot.members],
         "problems": list(snapshot.problems),
     }

@@ -111,6 +111,8 @@ class AgentApp:
             tc.link(config.interface)  # InterfaceNotFoundError now, before anything else
             dataplane = Dataplane(tc, marking=marking(config))
             setup.callback(dataplane.set_marking, None)  # the table its probe made
+            dataplane.set_pods(config.pod_shaping)
+            setup.callback(dataplane.set_pods, False)
             self.metrics.dscp_enabled.set(dataplane.marking)
             scanner = Scanner(config.rules)
             setup.callback(scanner.close)
@@ -222,6 +224,10 @@ class AgentApp:
         except TensorLightsError as exc:
             log.error("DSCP marking stays off: %s", exc)
         self.metrics.dscp_enabled.set(dataplane.marking)
+        try:
+            dataplane.set_pods(config.pod_shaping)
+        except TensorLightsError as exc:
+            log.error("pods' traffic stays unshaped: %s", exc)
         self.config = loop.config = config
         self.health.max_age_s = config.health_max_age_s
         log.info("config reloaded: policy %s, interval %.3gs", config.policy, config.interval_s)

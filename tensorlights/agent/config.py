@@ -238,6 +238,14 @@ class AgentConfig:
         False,
         "--take-over-foreign-qdisc/--no-take-over-foreign-qdisc",
     )
+    pod_shaping: bool = spec.flag_param(
+        "pod_shaping",
+        "Also shape PS tasks in other network namespaces as pods whose traffic this host "
+        "forwards (Kubernetes CNIs, routed or VXLAN): needs nftables. Off where other "
+        "namespaces are other machines (an emulated cluster).",
+        False,
+        "--pod-shaping/--no-pod-shaping",
+    )
     discovery: DiscoveryRules = spec.param(
         "discovery",
         lambda table, key: _discovery(table),

@@ -144,13 +144,14 @@ def resolve(voucher: Voucher) -> JobVoucher:
 def reported_jobs(
     result: PassResult, recent: Mapping[str, Sequence[Iteration]]
 ) -> tuple[ReportedJob, ...]:
-    """The PS jobs this agent shapes (ports in its network namespace; a PS seen in another
-    namespace belongs to that namespace's host), with their telemetry."""
+    """The PS jobs this agent shapes (ports in its network namespace, and its pods' with
+    pod shaping on; otherwise a PS seen in another namespace belongs to that namespace's
+    host), with their telemetry."""
     snapshot, loads = result.snapshot, result.loads
     ports = snapshot.job_ports()
     jobs = []
-    for job in sorted(shaped_jobs(snapshot)):
-        tasks = [t for t in snapshot.tasks if t.job == job and t.in_agent_netns]
+    for job in sorted(shaped_jobs(snapshot, result.pods)):
+        tasks = [t for t in snapshot.tasks if t.job == job and (t.in_agent_netns or result.pods)]
         iterations = recent.get(job, [])
         spreads = [it.spread for it in iterations]
         periods = [it.period for it in iterations if it.period is not None]

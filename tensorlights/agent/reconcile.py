@@ -45,6 +45,8 @@ class PassResult:
     """pack's starvation guard after this pass (None under other policies)."""
     vouchers: tuple[JobVoucher, ...] = ()
     """What the controller vouched for on this host when the pass ran."""
+    pods: bool = False
+    """Pod shaping was on: PS tasks in other network namespaces are this host's pods."""
 
 
 def desired_spec(
@@ -55,18 +57,31 @@ def desired_spec(
     if config.policy is PolicyName.FIFO and plan.generation == 0:
         return None  # fifo and no controller plan to follow
     ports = snapshot.job_ports()
+    pods = snapshot.job_pod_endpoints() if config.pod_shaping else {}
     assert config.link_rate_bps is not None
     return DatapathSpec(
         interface=config.interface,
         link_rate_bps=config.link_rate_bps,
-        jobs=tuple(JobShaping(job, plan.bands[job], ports[job]) for job in plan.order),
+        jobs=tuple(
+            JobShaping(
+                job,
+                plan.bands[job],
+                ports.get(job, frozenset()),
+                pods.get(job, frozenset()),
+            )
+            for job in plan.order
+        ),
         unmanaged_share=config.unmanaged_share,
     )
 
 
-def shaped_jobs(snapshot: DiscoverySnapshot) -> set[str]:
-    """Jobs with at least one port the interface's filters can match."""
-    return {job for job, ports in snapshot.job_ports().items() if ports}
+def shaped_jobs(snapshot: DiscoverySnapshot, pods: bool = False) -> set[str]:
+    """Jobs with at least one port the interface's filters can match, or with `pods`, one
+    pod endpoint this host forwards."""
+    jobs = {job for job, ports in snapshot.job_ports().items() if ports}
+    if pods:
+        jobs |= {job for job, found in snapshot.job_pod_endpoints().items() if found}
+    return jobs
 
 
 def _policy_settings(config: AgentConfig) -> tuple[object, ...]:
@@ -149,7 +164,7 @@ class Reconciler:
             self._scanned = (now, snapshot)
         scanned = self._clock()
         loads = self._loads()
-        plan = self._policy.evaluate(now, shaped_jobs(snapshot), loads)
+        plan = self._policy.evaluate(now, shaped_jobs(snapshot, self.config.pod_shaping), loads)
         spec = desired_spec(self.config, snapshot, plan)
         ops, full = 0, False
         if spec is None:
@@ -178,12 +193,14 @@ class Reconciler:
             loads=loads,
             pack=self._policy.local.pack_view() if self.config.policy is PolicyName.PACK else None,
             vouchers=self._vouchers,
+            pods=self.config.pod_shaping,
         )
 
     def dry_run(self) -> tuple[BandPlan, DatapathSpec | None, PlannedChange | None]:
         """What the next pass would program, touching nothing."""
         snapshot = self._scanner.scan()
-        plan = self._policy.evaluate(self._clock(), shaped_jobs(snapshot), self._loads())
+        shaped = shaped_jobs(snapshot, self.config.pod_shaping)
+        plan = self._policy.evaluate(self._clock(), shaped, self._loads())
         spec = desired_spec(self.config, snapshot, plan)
         return plan, spec, (self._dataplane.plan(spec) if spec is not None else None)
 

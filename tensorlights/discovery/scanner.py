@@ -402,7 +402,12 @@ class Scanner:
             else:
                 connections.append(
                     PsConnection(
-                        sock.local_port, sock.peer_addr, sock.peer_port, sock.family, sock.sockid
+                        sock.local_port,
+                        sock.peer_addr,
+                        sock.peer_port,
+                        sock.family,
+                        sock.sockid,
+                        sock.local_addr,
                     )
                 )
         connections.sort(key=lambda conn: (conn.local_port, conn.peer_addr, conn.peer_port))

@@ -62,8 +62,8 @@ def desired_dscp(
     return DscpLayout(spec.interface, chain_dscp, port_chain)
 
 
-def _chain_body(chain: str, dscp: int) -> list[str]:
-    where = f"{FAMILY} {TABLE} {chain}"
+def chain_body(where: str, dscp: int) -> list[str]:
+    """The rules that mark a job's packets (`where`: "FAMILY TABLE CHAIN")."""
     return [f"add rule {where} ip dscp set {dscp}", f"add rule {where} ip6 dscp set {dscp}"]
 
 
@@ -84,7 +84,7 @@ def render_replace(layout: DscpLayout) -> str:
     lines = [f"add table {name}", f"delete table {name}", f"add table {name}"]
     for chain, dscp in sorted(layout.chain_dscp.items()):
         lines.append(f"add chain {name} {chain}")
-        lines += _chain_body(chain, dscp)
+        lines += chain_body(f"{FAMILY} {TABLE} {chain}", dscp)
     lines.append(f"add map {name} {PORT_MAP} {{ type inet_service : verdict; }}")
     if layout.port_chain:
         elements = ", ".join(
@@ -121,7 +121,7 @@ def render_rotation(written: DscpLayout, desired: DscpLayout) -> str | None:
     for chain, dscp in sorted(desired.chain_dscp.items()):
         if written.chain_dscp[chain] != dscp:
             lines.append(f"flush chain {FAMILY} {TABLE} {chain}")
-            lines += _chain_body(chain, dscp)
+            lines += chain_body(f"{FAMILY} {TABLE} {chain}", dscp)
     return "\n".join(lines) + "\n" if lines else ""
 
 
@@ -149,15 +149,15 @@ def parse_table(listing: Any) -> DscpLayout | None:
     interface = _hook_interface(chain_rules.get(HOOK_CHAIN, []))
     if interface is None:
         return None
-    chain_dscp: dict[str, int] = {}
+    marks: dict[str, int] = {}
     for chain in chains - {HOOK_CHAIN}:
-        dscp = _chain_dscp(chain_rules.get(chain, []))
+        dscp = chain_dscp(chain_rules.get(chain, []))
         if dscp is None:
             return None
-        chain_dscp[chain] = dscp
-    if not set(port_chain.values()) <= chain_dscp.keys():
+        marks[chain] = dscp
+    if not set(port_chain.values()) <= marks.keys():
         return None
-    return DscpLayout(interface, chain_dscp, port_chain)
+    return DscpLayout(interface, marks, port_chain)
 
 
 def _hook_interface(rules: list[Any]) -> str | None:
@@ -174,7 +174,7 @@ def _hook_interface(rules: list[Any]) -> str | None:
     return interface if has_vmap and isinstance(interface, str) else None
 
 
-def _chain_dscp(rules: list[Any]) -> int | None:
+def chain_dscp(rules: list[Any]) -> int | None:
     """The DSCP a job chain sets, if it is exactly our two rules (IPv4 and IPv6)."""
     values: dict[str, int] = {}
     for expr_list in rules:

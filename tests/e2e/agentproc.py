@@ -129,3 +129,38 @@ def metric(text: str, name: str, labels: str = "") -> float:
         if line.startswith(wanted + " "):
             return float(line.rsplit(" ", 1)[1])
     raise AssertionError(f"{wanted} not in metrics")
+
+
+def dominant_slots(flows: dict[str, list[int]]) -> list[tuple[str, float, int]]:
+    """Per slot: the flow carrying most bytes, its share, and the slot's total."""
+    targets = sorted(flows)
+    slots = []
+    for i in range(len(flows[targets[0]])):
+        sizes = {t: flows[t][i] for t in targets}
+        total = sum(sizes.values())
+        top = max(sizes, key=lambda t: sizes[t])
+        slots.append((top, sizes[top] / total if total else 0.0, total))
+    return slots
+
+
+def assert_light_rotates(
+    flows: dict[str, list[int]],
+    interval: float,
+    skip: int,
+    changes_allowed: tuple[int, int],
+    link_bytes_per_s: float,
+) -> None:
+    """The sink's per-slot bytes show one flow at a time carrying the link (>= 85% of the
+    bytes and of the link in every steady slot) and the light moving between them a number
+    of times within `changes_allowed`. The first `skip` slots (connections starting, jobs
+    not yet found) and the last (a switch there shows no change after it) are left out."""
+    slots = dominant_slots(flows)[skip:-1]
+    changes = [i for i in range(1, len(slots)) if slots[i][0] != slots[i - 1][0]]
+    assert changes_allowed[0] <= len(changes) <= changes_allowed[1], slots
+    # The first and last slots may hold a switch whose neighbour was cut off.
+    near_change = {0, len(slots) - 1} | {j for i in changes for j in (i - 1, i)}
+    steady = [s for i, s in enumerate(slots) if i not in near_change]
+    assert len(steady) >= 6, slots
+    for _top, share, total in steady:
+        assert share >= 0.85, " ".join(f"{t[-1]}:{s:.2f}" for t, s, _ in slots)
+        assert total >= 0.85 * link_bytes_per_s * interval, slots

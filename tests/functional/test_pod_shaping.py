@@ -1,0 +1,153 @@
+"""Pods in their own network namespaces, shaped at the node's NIC (issue 21, item 5), on the
+real kernel: a routed CNI and a VXLAN overlay, each emulated with namespaces, veths and a
+vxlan device (testbed/pods.py). Two PS pods serve on the same port from their own addresses;
+discovery finds their sockets, the dataplane classifies them in the node's forward hook, and
+the green pod carries the shaped NIC, then the other after a rotation."""
+
+from __future__ import annotations
+
+import json
+import os
+import subprocess
+import sys
+import time
+from collections.abc import Iterator
+from pathlib import Path
+from typing import Any
+
+import pytest
+
+from tensorlights.datapath import open_datapath
+from tensorlights.datapath.dataplane import Dataplane, Marking
+from tensorlights.discovery.rules import DiscoveryRules
+from tensorlights.discovery.scanner import Scanner
+from tensorlights.discovery.trust import TRUST_ANY
+from tensorlights.model import DatapathSpec, DiscoverySnapshot, JobShaping
+from tensorlights.policy.dscp_plan import DEFAULT_BAND_DSCP
+from tensorlights.testbed import traffic
+from tensorlights.testbed.netns import in_ns
+from tensorlights.testbed.pods import Mode, PodNode, pod_node
+
+from .holders import scan_until
+from .tcutil import sink_result
+
+pytestmark = pytest.mark.root
+
+RATE = 100_000_000
+PORT = 5001
+JOBS = ("job-a", "job-b")
+
+
+@pytest.fixture(params=["routed", "vxlan"])
+def node(request: pytest.FixtureRequest) -> Iterator[PodNode]:
+    mode: Mode = request.param
+    with pod_node(mode, pods=2) as made:
+        yield made
+
+
+def _spec(endpoints: dict[str, frozenset[tuple[str, int]]], green: str) -> DatapathSpec:
+    jobs = tuple(
+        JobShaping(job, 0 if job == green else 1, frozenset(), endpoints[job]) for job in JOBS
+    )
+    return DatapathSpec("nic", RATE, jobs)
+
+
+def test_the_green_pod_carries_the_node_nic_in_both_cni_modes(
+    node: PodNode, tmp_path: Path
+) -> None:
+    identities = [
+        {**os.environ, "TENSORLIGHTS_JOB": job, "TENSORLIGHTS_ROLE": "ps"} for job in JOBS
+    ]
+    servers = [
+        traffic.start_server(pod.ns, [PORT], max_seconds=60, env=env)
+        for pod, env in zip(node.pods, identities, strict=True)
+    ]
+    tc = open_datapath("htb", tmp_path, netns=node.node_ns)
+    dataplane = Dataplane(tc, netns=node.node_ns, marking=Marking(DEFAULT_BAND_DSCP), pods=True)
+    sniffer = None
+    targets = [f"{pod.ipv4}:{PORT}" for pod in node.pods]
+    try:
+        # Discovery, from outside the pods' namespaces as the agent sees them, while workers
+        # are connected.
+        workers = _sink(node, targets, seconds=2.0, interval=0.5)
+        with Scanner(DiscoveryRules(trust=TRUST_ANY)) as scanner:
+
+            def both(snapshot: DiscoverySnapshot) -> bool:
+                found = snapshot.job_pod_endpoints()
+                return all(found.get(job) for job in JOBS)
+
+            snapshot = scan_until(scanner, both, deadline_s=5)
+        sink_result(workers, timeout=15)
+        endpoints = snapshot.job_pod_endpoints()
+        assert {job: {a for a, _ in found} for job, found in endpoints.items()} == {
+            job: {pod.ipv4} for pod, job in zip(node.pods, JOBS, strict=True)
+        }
+        assert all(port == PORT for found in endpoints.values() for _, port in found)
+        assert not any(task.in_agent_netns for task in snapshot.tasks if task.job in JOBS)
+
+        # Shaping: the workers connect again, to pods already classified (as the host-local
+        # path's test does it), and the green light moves halfway.
+        dataplane.apply(_spec(endpoints, "job-a"))
+        interval, seconds, rotate_at = 0.5, 8.0, 4.0
+        sniffer = _sniff(node, seconds=3.0)
+        sink = _sink(node, targets, seconds, interval)
+        time.sleep(rotate_at)  # a wall-clock experiment: the sink records what happens when
+        dataplane.rotate(_spec(endpoints, "job-b"))
+        result = sink_result(sink, timeout=seconds + 10)
+        wire = _sniffed(sniffer)
+    finally:
+        for server in servers:
+            server.kill()
+            server.wait()
+        if sniffer is not None and sniffer.poll() is None:
+            sniffer.kill()
+            sniffer.wait()
+        dataplane.cleanup("nic")
+        dataplane.close()
+
+    a, b = (result["flows"][target] for target in targets)
+    link_bytes = RATE / 8 * interval
+    # Steady slots: connection start-up (the first slot) and the slot of the rotation left out.
+    before = range(1, int(rotate_at / interval) - 1)
+    after = range(int(rotate_at / interval) + 1, int(seconds / interval))
+    for slot in before:
+        assert a[slot] >= 0.9 * (a[slot] + b[slot]), (node.mode, slot, a, b)
+        assert a[slot] + b[slot] >= 0.85 * link_bytes, (node.mode, slot, a, b)
+    for slot in after:
+        assert b[slot] >= 0.9 * (a[slot] + b[slot]), (node.mode, slot, a, b)
+        assert a[slot] + b[slot] >= 0.85 * link_bytes, (node.mode, slot, a, b)
+    assert result["resets"] == 0 and not result["errors"]
+    # The fabric sees the bands too: the pods' packets leave the NIC with their band's DSCP
+    # (with VXLAN, in the outer header, which the device copies from the inner one).
+    counts: dict[int, int] = {}
+    for _, sport, dscp, packets in wire["counts"]:
+        if sport == PORT:
+            counts[dscp] = counts.get(dscp, 0) + packets
+    marked = counts.get(DEFAULT_BAND_DSCP[0], 0) + counts.get(DEFAULT_BAND_DSCP[1], 0)
+    assert counts and marked >= 0.99 * sum(counts.values()), (node.mode, counts)
+    assert counts.get(DEFAULT_BAND_DSCP[0], 0) > counts.get(DEFAULT_BAND_DSCP[1], 0)
+
+
+def _sink(
+    node: PodNode, targets: list[str], seconds: float, interval: float
+) -> subprocess.Popen[str]:
+    command = traffic.sink_command(targets, seconds, interval)
+    return subprocess.Popen(in_ns(node.peer_ns, *command), stdout=subprocess.PIPE, text=True)
+
+
+def _sniff(node: PodNode, seconds: float) -> subprocess.Popen[str]:
+    proc = subprocess.Popen(
+        in_ns(node.peer_ns, sys.executable, "-m", "tensorlights.testbed.sniff",
+              "--iface", node.nic, "--seconds", str(seconds)),
+        stdout=subprocess.PIPE, text=True,
+    )  # fmt: skip
+    assert proc.stdout is not None
+    assert proc.stdout.readline().strip() == "ready"
+    return proc
+
+
+def _sniffed(proc: subprocess.Popen[str]) -> dict[str, Any]:
+    """{"slot": seconds, "counts": [[slot, sport, dscp, packets], ...]}"""
+    out, _ = proc.communicate(timeout=30)
+    parsed: dict[str, Any] = json.loads(out)
+    return parsed
