@@ -5,6 +5,7 @@ node's NIC, where their ports are hidden inside VXLAN."""
 
 from __future__ import annotations
 
+import itertools
 import json
 import subprocess
 from pathlib import Path
@@ -16,7 +17,7 @@ from tensorlights.testbed.pods import NODE_IP, pod_node
 from tensorlights.testbed.socket_holder import clean_env
 
 from ..functional.tcutil import root_qdisc, sink_result
-from .agentproc import AgentProcess, assert_light_rotates
+from .agentproc import AgentProcess, dominant_slots
 
 pytestmark = pytest.mark.root
 
@@ -62,8 +63,21 @@ def test_the_agent_rotates_the_light_between_pods_behind_vxlan(
                 server.kill()
                 server.wait()
         assert result["resets"] == 0 and not result["errors"]
-        # 12 s with a 2 s slot, the first second left out: 4 to 6 moves.
-        assert_light_rotates(result["flows"], interval, 2, (4, 6), LINK_BYTES_PER_S)
+        # The light moved on its 2 s cadence between the two pods' jobs...
+        document = agent.wait_status(lambda d: len(d["rotations"]["recent"]) >= 5)
+        greens = [r["job"] for r in document["rotations"]["recent"]]
+        assert all(a != b for a, b in itertools.pairwise(greens)), greens
+        # ...and on the wire one pod at a time carried the NIC, each of them in turn. (How
+        # many times the wire shows it move is not asserted: a pod's flow demoted at full
+        # rate can sit out a TCP retransmission timeout after it turns green again, while the
+        # other pod uses the idle link; see docs/design.md, pods.)
+        slots = dominant_slots(result["flows"])[2:-1]
+        steady = [s for i, s in enumerate(slots) if 0 < i < len(slots) - 1
+                  and slots[i - 1][0] == s[0] == slots[i + 1][0]]  # fmt: skip
+        assert len(steady) >= 8, slots
+        for _top, share, total in steady:
+            assert share >= 0.85 and total >= 0.85 * LINK_BYTES_PER_S * interval, slots
+        assert {top for top, _, _ in steady} == set(targets), slots
 
         assert agent.stop() == 0  # SIGTERM: the NIC restored, our tables gone
         assert root_qdisc(node.node_ns, node.nic)["kind"] == "noqueue"
