@@ -149,7 +149,7 @@ class AgentLoop:
         for problem in set(result.snapshot.problems) - seen:
             log.warning("discovery: %s", problem)
         if out.sampler is not None:
-            out.sampler.set_snapshot(result.snapshot)
+            out.sampler.set_snapshot(result.snapshot, result.pods)
         if out.link is not None:
             out.link.passed(result, out.sampler.recent() if out.sampler else None)
         self.publish()

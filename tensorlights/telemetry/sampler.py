@@ -12,11 +12,12 @@ import threading
 import time
 from collections import deque
 from collections.abc import Callable
+from dataclasses import dataclass
 from itertools import islice
 
 from tensorlights.discovery.sockdiag import SockDiag
 from tensorlights.errors import TensorLightsError
-from tensorlights.model import DiscoverySnapshot
+from tensorlights.model import DiscoverySnapshot, TcpInfo
 from tensorlights.policy.packing import JobLoad, job_load
 from tensorlights.telemetry.straggler import DEFAULT_MIN_PUSH_BYTES, Iteration, StragglerTracker
 
@@ -27,6 +28,16 @@ FULL_ROUND_EVERY = 10
 KEEP_ENDED_JOBS_S = 60.0
 """A finished job's last iterations stay in `recent()` this long (its final push closes only
 when its connections are gone, i.e. after it ended)."""
+
+
+@dataclass(frozen=True)
+class _Target:
+    key: str
+    """Names the connection for the tracker (unique across namespaces)."""
+    netns: int | None
+    """The pod's network namespace (inode); None: the agent's own."""
+    kernel_id: tuple[int, bytes]
+    """(family, inet_diag sockid)."""
 
 
 class TelemetrySampler:
@@ -41,37 +52,45 @@ class TelemetrySampler:
         self.tracker = StragglerTracker(min_push_bytes)
         self._on_iteration = on_iteration
         self._clock = clock
-        self._targets: (
-            tuple[dict[str, list[tuple[str, tuple[int, bytes]]]], dict[str, set[str]]] | None
-        ) = None
+        self._targets: tuple[dict[str, list[_Target]], dict[str, set[str]]] | None = None
         self._lock = threading.Lock()
         self._recent: dict[str, deque[Iteration]] = {}
         self._last_seen: dict[str, float] = {}
         self._iterations: dict[str, int] = {}
-        self._diag: SockDiag | None = None
+        self._diags: dict[int | None, SockDiag] = {}
+        """inet_diag sockets: the agent's own namespace (None) and each pod's (by inode)."""
         self._stop = threading.Event()
         self._thread: threading.Thread | None = None
         self.last_error = ""
         self._round = 0
+        self._paths: dict[int | None, str] = {}
         self._known_jobs: set[str] = set()
         self.sampled_connections = 0
         """Connection samples taken so far (the cost driver)."""
 
-    def set_snapshot(self, snapshot: DiscoverySnapshot) -> None:
+    def set_snapshot(self, snapshot: DiscoverySnapshot, pods: bool = False) -> None:
         """The PS connections to sample from now on (called by the loop after each scan; the
-        per-round work is prepared here, once per scan, not once per round)."""
-        by_job: dict[str, list[tuple[str, tuple[int, bytes]]]] = {}
+        per-round work is prepared here, once per scan, not once per round). With `pods`,
+        PS tasks in other network namespaces are this host's pods: their connections are
+        sampled in their namespace's own tables."""
+        by_job: dict[str, list[_Target]] = {}
+        namespaces: dict[int | None, str] = {}
         for task in snapshot.tasks:
-            if not task.in_agent_netns:
-                continue  # its connections live in another namespace's tables
+            if not (task.in_agent_netns or pods):
+                continue  # another host's (an emulated cluster): not ours to measure
+            where = None if task.in_agent_netns else task.netns
+            if where is not None:
+                namespaces.setdefault(where, f"/proc/{task.pid}/ns/net")
             # A job stays present while its PS runs, even between connections (a PS closes
             # them before it exits): its counters must not vanish before it does.
             by_job.setdefault(task.job, [])
             for conn in task.connections:
                 if conn.kernel_id:
-                    by_job[task.job].append((conn.kernel_id.hex(), (conn.family, conn.kernel_id)))
-        present = {job: {key for key, _ in conns} for job, conns in by_job.items()}
+                    key = f"{where or ''}:{conn.kernel_id.hex()}"
+                    by_job[task.job].append(_Target(key, where, (conn.family, conn.kernel_id)))
+        present = {job: {target.key for target in conns} for job, conns in by_job.items()}
         self._targets = (by_job, present)
+        self._paths = namespaces
 
     def recent(self) -> dict[str, list[Iteration]]:
         with self._lock:
@@ -113,7 +132,7 @@ class TelemetrySampler:
         by_job, present = targets
         self._round += 1
         keys: list[tuple[str, str]] = []
-        ids: list[tuple[int, bytes]] = []
+        chosen_targets: list[_Target] = []
         busy = self.tracker.busy_jobs()
         for job, conns in by_job.items():
             if not conns:
@@ -122,12 +141,11 @@ class TelemetrySampler:
                 chosen = conns
             else:
                 chosen = [conns[self._round % len(conns)]]
-            for key, kernel_id in chosen:
-                keys.append((job, key))
-                ids.append(kernel_id)
-        if self._diag is None:
-            self._diag = SockDiag()
-        infos = self._diag.tcp_info(ids) if ids else []
+            for target in chosen:
+                keys.append((job, target.key))
+                chosen_targets.append(target)
+        ids = [target.kernel_id for target in chosen_targets]
+        infos = self._tcp_info(chosen_targets)
         now = self._clock()
         gone = {key for (_, key), info in zip(keys, infos, strict=True) if info is None}
         if gone:  # closed since the last scan
@@ -154,6 +172,41 @@ class TelemetrySampler:
             self._on_iteration(iteration)
         return closed
 
+    def _tcp_info(self, targets: list[_Target]) -> list[TcpInfo | None]:
+        """One batch of exact lookups per network namespace, answers in `targets`' order. A
+        pod's namespace that cannot be entered any more (its PS is gone) answers None."""
+        by_netns: dict[int | None, list[int]] = {}
+        for index, target in enumerate(targets):
+            by_netns.setdefault(target.netns, []).append(index)
+        infos: list[TcpInfo | None] = [None] * len(targets)
+        for netns, indexes in by_netns.items():
+            diag = self._diag_in(netns)
+            if diag is None:
+                continue
+            answers = diag.tcp_info([targets[i].kernel_id for i in indexes])
+            for index, info in zip(indexes, answers, strict=True):
+                infos[index] = info
+        for netns in set(self._diags) - set(by_netns) - {None}:
+            self._diags.pop(netns).close()  # a pod no longer sampled
+        return infos
+
+    def _diag_in(self, netns: int | None) -> SockDiag | None:
+        diag = self._diags.get(netns)
+        if diag is None:
+            try:
+                diag = SockDiag(None if netns is None else self._paths[netns])
+            except (OSError, KeyError, TensorLightsError):
+                if netns is None:
+                    raise
+                return None
+            self._diags[netns] = diag
+        return diag
+
+    def _close_diags(self) -> None:
+        for diag in self._diags.values():
+            diag.close()
+        self._diags.clear()
+
     # Thread ----------------------------------------------------------------------------
 
     def start(self) -> None:
@@ -168,9 +221,7 @@ class TelemetrySampler:
                 self.last_error = ""
             except (TensorLightsError, OSError) as exc:
                 self.last_error = f"{type(exc).__name__}: {exc}"
-                if self._diag is not None:
-                    self._diag.close()
-                    self._diag = None
+                self._close_diags()
             next_at += self.interval_s
             delay = next_at - self._clock()
             if delay < 0:  # fell behind: keep the cadence, skip the missed rounds
@@ -182,6 +233,4 @@ class TelemetrySampler:
         self._stop.set()
         if self._thread is not None:
             self._thread.join(timeout=5)
-        if self._diag is not None:
-            self._diag.close()
-            self._diag = None
+        self._close_diags()

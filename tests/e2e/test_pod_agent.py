@@ -1,7 +1,7 @@
 """The real agent on an emulated Kubernetes node (testbed/pods.py: pods in their own network
 namespaces behind a VXLAN overlay), with pod shaping on: it finds two PS pods by their
-TF_CONFIG alone, from their connections, and rotates the green light between them on the
-node's NIC, where their ports are hidden inside VXLAN."""
+TF_CONFIG alone, from their connections, rotates the green light between them on the node's
+NIC, where their ports are hidden inside VXLAN, and measures their iterations."""
 
 from __future__ import annotations
 
@@ -12,8 +12,17 @@ from pathlib import Path
 
 import pytest
 
+from tensorlights.agent.status import AgentStatus
+from tensorlights.telemetry.accuracy import compare
 from tensorlights.testbed import netns, traffic
 from tensorlights.testbed.pods import NODE_IP, pod_node
+from tensorlights.testbed.psjob import (
+    RunningJob,
+    collect_iterations,
+    start_job,
+    tf_job_id,
+    tf_launcher_env,
+)
 from tensorlights.testbed.socket_holder import clean_env
 
 from ..functional.tcutil import root_qdisc, sink_result
@@ -83,3 +92,46 @@ def test_the_agent_rotates_the_light_between_pods_behind_vxlan(
         assert root_qdisc(node.node_ns, node.nic)["kind"] == "noqueue"
         tables = netns.run(netns.in_ns(node.node_ns, "nft", "list", "tables")).stdout
         assert "tensorlights" not in tables
+
+
+ITERATIONS = 20
+WARM_UP = 2  # iterations the agent does not report: it met the job mid-push, then anchors
+
+
+def test_telemetry_measures_pods_against_the_workers_own_log(
+    agents: list[AgentProcess], tmp_path: Path
+) -> None:
+    """Straggler telemetry of two synthetic PS jobs in pods behind VXLAN, sampled in the
+    pods' own network namespaces: every iteration the workers logged is reported (bar the
+    warm-up), within 10% or 10 ms, so `pack` has a demand for pod jobs too."""
+    with pod_node("vxlan", pods=2) as node:
+        where = netns.Host(node.node_ns, node.nic, NODE_IP, "")
+        agent = AgentProcess(where, tmp_path, "--policy", "rotate", "--interval", "1s",
+                             "--pod-shaping")  # fmt: skip
+        agents.append(agent)
+        agent.wait_status(lambda d: "telemetry" in d)
+        jobs: dict[str, RunningJob] = {}
+        try:
+            for pod, tag in zip(node.pods, "ab", strict=True):
+                jobs[tf_job_id(tag, 3)] = start_job(
+                    netns.in_ns(pod.ns), [netns.in_ns(node.peer_ns)], pod.ipv4,
+                    clean_env(tf_launcher_env(tag, 3)),
+                    workers=3, model_bytes=3_000_000, iterations=ITERATIONS, compute_s=0.25,
+                )  # fmt: skip
+
+            def status() -> AgentStatus | None:
+                document = agent.status()
+                return (
+                    AgentStatus.from_json(document) if document and "version" in document else None
+                )
+
+            truths, measured = collect_iterations(status, jobs)
+        finally:
+            for running in jobs.values():
+                running.kill()
+    for job, received in truths.items():
+        agreement = compare(received, measured[job])
+        assert agreement.iterations == ITERATIONS
+        assert agreement.matched >= ITERATIONS - WARM_UP, (job, agreement)
+        assert agreement.spread_ok >= agreement.matched - 1, (job, agreement)
+        assert agreement.period_ok >= agreement.period_checked - 1, (job, agreement)
