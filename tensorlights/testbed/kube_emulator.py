@@ -223,9 +223,11 @@ class KubeEmulator:
                         and time.monotonic() < end
                     ):
                         with store.changed:
-                            store.changed.wait(timeout=min(0.2, max(0.0, end - time.monotonic())))
+                            if store.version <= sent:  # else it changed while we were sending
+                                left = max(0.0, end - time.monotonic())
+                                store.changed.wait(timeout=min(0.2, left))
                             news = [e for e in store.events if e.version > sent]
-                            sent = max([sent, *(e.version for e in news)])
+                            sent = store.version  # every event up to now is in `news`
                         self._send([e for e in news if wanted(e.pod)])
                 except OSError:
                     pass  # the client went away, or drop_watches() cut it
