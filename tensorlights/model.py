@@ -6,11 +6,14 @@ import functools
 import ipaddress
 import math
 import re
+from collections.abc import Mapping
 from dataclasses import dataclass, field
 from enum import StrEnum
-from typing import NamedTuple
+from typing import NamedTuple, TypeVar
 
 from tensorlights.errors import ConfigError
+
+T = TypeVar("T")
 
 NUM_BANDS = 8
 """HTB has eight priorities (0-7); band 0 is the green light."""
@@ -214,16 +217,15 @@ class DiscoverySnapshot:
         """Local ports that PS sockets of more than one job use at once. The kernel lets
         connections to different peers share an ephemeral port, so this happens; a source
         port filter cannot tell those jobs apart, so such a port is given to no job."""
-        seen: set[int] = set()
-        contested: set[int] = set()
-        for ports in self._ports_by_job.values():
-            contested |= seen & ports
-            seen |= ports
-        return frozenset(contested)
+        return _shared(self._ports_by_job)
 
     def job_pod_endpoints(self) -> dict[str, frozenset[tuple[str, int]]]:
         """(address, port) of each job's PS connections in other network namespaces than
         the agent's (pods, where `pod_shaping` is on), less those two jobs share."""
+        return dict(self._job_pod_endpoints)
+
+    @functools.cached_property
+    def _job_pod_endpoints(self) -> dict[str, frozenset[tuple[str, int]]]:
         endpoints: dict[str, set[tuple[str, int]]] = {}
         for task in self.tasks:
             if task.in_agent_netns:
@@ -237,11 +239,7 @@ class DiscoverySnapshot:
                     # wire an IPv4 packet from the pod's IPv4 address
                 if not address.is_loopback:
                     endpoints.setdefault(task.job, set()).add((str(address), conn.local_port))
-        seen: set[tuple[str, int]] = set()
-        contested: set[tuple[str, int]] = set()
-        for found in endpoints.values():
-            contested |= seen & found
-            seen |= found
+        contested = _shared(endpoints)
         return {job: frozenset(found - contested) for job, found in endpoints.items()}
 
     def job_ports(self) -> dict[str, frozenset[int]]:
@@ -253,6 +251,16 @@ class DiscoverySnapshot:
     def _job_ports(self) -> dict[str, frozenset[int]]:
         contested = self.contested_ports()
         return {job: frozenset(ports - contested) for job, ports in self._ports_by_job.items()}
+
+
+def _shared(by_job: Mapping[str, set[T]]) -> frozenset[T]:
+    """What more than one job holds (a filter keyed on it could not tell them apart)."""
+    seen: set[T] = set()
+    shared: set[T] = set()
+    for held in by_job.values():
+        shared |= seen & held
+        seen |= held
+    return frozenset(shared)
 
 
 class TcpInfo(NamedTuple):

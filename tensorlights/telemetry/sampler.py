@@ -186,8 +186,10 @@ class TelemetrySampler:
             answers = diag.tcp_info([targets[i].kernel_id for i in indexes])
             for index, info in zip(indexes, answers, strict=True):
                 infos[index] = info
-        for netns in set(self._diags) - set(by_netns) - {None}:
-            self._diags.pop(netns).close()  # a pod no longer sampled
+        # A pod the latest scan no longer has (not merely one idle this round: its socket
+        # stays open rather than being made again next round).
+        for netns in set(self._diags) - set(self._paths) - {None}:
+            self._diags.pop(netns).close()
         return infos
 
     def _diag_in(self, netns: int | None) -> SockDiag | None:
