@@ -8,6 +8,8 @@ from __future__ import annotations
 import itertools
 import json
 import subprocess
+import sys
+import time
 from pathlib import Path
 
 import pytest
@@ -138,3 +140,83 @@ def test_telemetry_measures_pods_against_the_workers_own_log(
         assert agreement.matched >= ITERATIONS - WARM_UP, (job, agreement)
         assert agreement.period_ok >= agreement.period_checked - 1, (job, agreement)
         assert agreement.spread_ok >= 2 * agreement.matched / 3, (job, agreement)
+
+
+def test_a_real_pytorch_ps_in_a_pod_is_found_shaped_and_measured(
+    agents: list[AgentProcess], tmp_path: Path
+) -> None:
+    """A real PyTorch PS job (gloo, ephemeral data ports; testbed/torchjob.py) with its PS in
+    a pod behind VXLAN and its workers on the peer node: the agent finds it by TF_CONFIG
+    alone, classifies its pod endpoints, and its telemetry sees the iterations."""
+    pytest.importorskip("torch", reason="the torch extra is not installed")
+    from tensorlights.testbed.torchjob import model_bytes
+
+    workers, hidden, iterations, master_port = 2, 512, 12, 29500
+    with pod_node("vxlan", pods=1) as node:
+        (pod,) = node.pods
+        where = netns.Host(node.node_ns, node.nic, NODE_IP, "")
+        agent = AgentProcess(where, tmp_path, "--policy", "pack", "--pod-shaping")
+        agents.append(agent)
+        agent.wait_status(lambda d: bool(d.get("healthy")))
+        job = tf_job_id("torch", workers)
+        common = ["--master", f"{pod.ipv4}:{master_port}", "--workers", str(workers),
+                  "--hidden", str(hidden), "--iterations", str(iterations)]  # fmt: skip
+        module = [sys.executable, "-m", "tensorlights.testbed.torchjob"]
+        ps = subprocess.Popen(
+            netns.in_ns(pod.ns, *module, "ps", *common, "--ifname", "eth0"),
+            stdout=subprocess.PIPE, text=True, env=clean_env(tf_launcher_env("torch", workers)),
+        )  # fmt: skip
+        ranks = [
+            subprocess.Popen(
+                netns.in_ns(
+                    node.peer_ns,
+                    *module,
+                    "worker",
+                    *common,
+                    "--rank",
+                    str(rank),
+                    "--ifname",
+                    "vxlan0",
+                ),
+                stdout=subprocess.PIPE,
+                text=True,
+                env=clean_env(),
+            )
+            for rank in range(1, workers + 1)
+        ]
+        try:
+            # gloo's data ports are ephemeral: the pod endpoints come from the connections.
+            document = agent.wait_status(
+                lambda d: any(
+                    not e.endswith(f":{master_port}")
+                    for e in d["discovery"]["job_pod_endpoints"].get(job, [])
+                ),
+                deadline_s=60,
+            )
+            assert job in document["bands"]
+            assert all(
+                e.startswith(f"{pod.ipv4}:")
+                for e in document["discovery"]["job_pod_endpoints"][job]
+            )
+            received = [json.loads(w.communicate(timeout=180)[0])["received"] for w in ranks]
+            summary = json.loads(ps.communicate(timeout=60)[0].strip().splitlines()[-1])
+            seen: list[object] = []
+            deadline = time.monotonic() + 10
+            while time.monotonic() < deadline and len(seen) < iterations - 4:
+                seen = (agent.status() or {}).get("telemetry", {}).get(job, [])
+                time.sleep(0.2)
+        finally:
+            for proc in (ps, *ranks):
+                if proc.poll() is None:
+                    proc.kill()
+                    proc.wait()
+    assert all(len(times) == iterations for times in received)
+    assert summary["model_bytes"] == model_bytes(hidden)
+    seen_at = [item["last_done_monotonic"] for item in seen if isinstance(item, dict)]
+    # Measured: 8 or more of 12 in 5 of 7 runs, 7 in 2 (the first 3-4 iterations, 0.4-0.6 s
+    # apart, end before discovery has the gloo connections; the host path's test misses them
+    # the same way). Asserted: the agent measures the real job in its pod at all, most of it.
+    assert len(seen) >= iterations // 2, (
+        f"saw {len(seen)} of {iterations}; worker 1 received at {received[0]}; the agent saw "
+        f"iterations end at {seen_at}"
+    )
