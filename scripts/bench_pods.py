@@ -6,10 +6,12 @@ the pods' nftables table costs.
 Per mode and repetition: two PS pods serving on the same port, found by discovery from their
 connections, the NIC shaped at --rate; the workers (in the peer node) read for --seconds, the
 light moves halfway. Reported: the green pod's share of the bytes and the link's use in
-steady 0.5 s slots, and how many slots after the move the new green pod took >= 85%. Then
+steady 0.5 s slots, and how many slots after the move the new green pod took >= 85%, per
+TCP congestion control of the pods (--congctl, set per route; several compare them). Then
 the rotation cost of `inet tensorlights_pods` for 2, 16 and 64 pod jobs. Needs root.
 
-    .venv/bin/python scripts/bench_pods.py [--repetitions 3] [--rate 100] [--seconds 8]
+    .venv/bin/python scripts/bench_pods.py [--repetitions 3] [--rate 100] [--seconds 8] \
+        [--congctl cubic,bbr]
 """
 
 from __future__ import annotations
@@ -41,9 +43,9 @@ INTERVAL = 0.5
 JOBS = ("job-a", "job-b")
 
 
-def one_run(mode: Mode, rate_mbit: int, seconds: float) -> tuple[float, float, int]:
+def one_run(mode: Mode, rate_mbit: int, seconds: float, congctl: str) -> tuple[float, float, int]:
     """(green share, link use, slots until the new green pod took the link)."""
-    with pod_node(mode, pods=2) as node:
+    with pod_node(mode, pods=2, congctl=congctl) as node:
         env = [{**os.environ, "TENSORLIGHTS_JOB": job, "TENSORLIGHTS_ROLE": "ps"} for job in JOBS]
         servers = [
             traffic.start_server(pod.ns, [PORT], max_seconds=seconds + 30, env=e)
@@ -76,6 +78,7 @@ def _measure(node: PodNode, rate: int, seconds: float) -> tuple[float, float, in
             node.nic,
             rate,
             tuple(JobShaping(j, 0 if j == green else 1, frozenset(), endpoints[j]) for j in JOBS),
+            short_waiting_queues=True,  # as the agent has them with pod shaping on
         )
 
     with tempfile.TemporaryDirectory() as state:
@@ -145,20 +148,27 @@ def main() -> None:
     parser.add_argument("--rate", type=int, default=100, help="NIC rate, Mbit/s")
     parser.add_argument("--seconds", type=float, default=8.0)
     parser.add_argument("--rounds", type=int, default=200)
+    parser.add_argument(
+        "--congctl", default="cubic", help="the pods' TCP congestion control(s), comma-separated"
+    )
     args = parser.parse_args()
     print(
         f"Pods behind a node NIC shaped at {args.rate} Mbit/s, {args.repetitions} runs per mode\n"
     )
     print(
-        "| mode | green share (median of runs) | link use | slots until the new green pod leads |"
+        "| mode | pods' TCP | green share (median of runs) | link use "
+        "| slots until the new green pod leads |"
     )
-    print("|---|---:|---:|---|")
-    for mode in ("routed", "vxlan"):
-        runs = [one_run(mode, args.rate, args.seconds) for _ in range(args.repetitions)]
-        share = statistics.median(r[0] for r in runs)
-        use = statistics.median(r[1] for r in runs)
-        took = ", ".join(str(r[2]) for r in runs)
-        print(f"| {mode} | {share:.1%} | {use:.1%} | {took} |")
+    print("|---|---|---:|---:|---|")
+    for congctl in args.congctl.split(","):
+        for mode in ("routed", "vxlan"):
+            runs = [
+                one_run(mode, args.rate, args.seconds, congctl) for _ in range(args.repetitions)
+            ]
+            share = statistics.median(r[0] for r in runs)
+            use = statistics.median(r[1] for r in runs)
+            took = ", ".join(str(r[2]) for r in runs)
+            print(f"| {mode} | {congctl} | {share:.1%} | {use:.1%} | {took} |")
     print("\n| pod jobs | pods table rotation: median ms | p99 ms |")
     print("|---:|---:|---:|")
     for jobs in (2, 16, 64):

@@ -14,6 +14,10 @@ Modes, as CNIs do it:
   outer header carries the inner DSCP). Pod packets leave the NIC inside UDP/4789: their TCP
   ports are hidden from filters on the NIC.
 
+TCP congestion control is set per route, as the other testbeds set it (cubic, the kernel's
+default; this machine's global default is BBR, which cannot be changed per namespace): the
+pods' default routes and the peer's route back to them.
+
 Every namespace carries the run id (testbed/netns.py) and is removed on exit, with a reaper
 in case we are killed. Needs root, iproute2.
 """
@@ -74,7 +78,7 @@ def _ns(run_id: str, name: str, node: PodNode) -> str:
 
 
 @contextlib.contextmanager
-def pod_node(mode: Mode, pods: int = 2) -> Iterator[PodNode]:
+def pod_node(mode: Mode, pods: int = 2, congctl: str = "cubic") -> Iterator[PodNode]:
     run_id = new_run_id()
     reaper = start_reaper(run_id)
     node = PodNode(mode, f"{NS_PREFIX}-{run_id}-node", f"{NS_PREFIX}-{run_id}-peer")
@@ -83,11 +87,13 @@ def pod_node(mode: Mode, pods: int = 2) -> Iterator[PodNode]:
         _ns(run_id, "peer", node)
         _wire_nic(node)
         for index in range(pods):
-            _add_pod(node, _ns(run_id, f"pod{index}", node), f"10.244.1.{index + 2}", index)
+            ns = _ns(run_id, f"pod{index}", node)
+            _add_pod(node, ns, f"10.244.1.{index + 2}", index, congctl)
+        gateway = OVERLAY_NODE_IP if mode == "vxlan" else NODE_IP
         if mode == "vxlan":
             _wire_overlay(node)
-        else:
-            run(in_ns(node.peer_ns, "ip", "route", "add", POD_SUBNET, "via", NODE_IP))
+        run(in_ns(node.peer_ns, "ip", "route", "add", POD_SUBNET, "via", gateway,
+                  "congctl", congctl))  # fmt: skip
         yield node
     finally:
         destroy(node.namespaces)
@@ -106,7 +112,7 @@ def _wire_nic(node: PodNode) -> None:
     run(in_ns(node.node_ns, "ip", "route", "add", "default", "via", PEER_IP))
 
 
-def _add_pod(node: PodNode, ns: str, address: str, index: int) -> None:
+def _add_pod(node: PodNode, ns: str, address: str, index: int, congctl: str) -> None:
     host_side = f"cali{index}"  # named as Calico names them; any name does
     run(["ip", "-n", ns, "link", "add", "eth0", "type", "veth",
          "peer", "name", host_side, "netns", node.node_ns])  # fmt: skip
@@ -114,7 +120,8 @@ def _add_pod(node: PodNode, ns: str, address: str, index: int) -> None:
     run(in_ns(ns, "ip", "link", "set", "eth0", "up"))
     # The CNI way: a link-local gateway on the pod side, a /32 route to the pod on the node.
     run(in_ns(ns, "ip", "route", "add", "169.254.1.1", "dev", "eth0"))
-    run(in_ns(ns, "ip", "route", "add", "default", "via", "169.254.1.1", "dev", "eth0"))
+    run(in_ns(ns, "ip", "route", "add", "default", "via", "169.254.1.1", "dev", "eth0",
+              "congctl", congctl))  # fmt: skip
     run(in_ns(node.node_ns, "ip", "link", "set", host_side, "up"))
     run(in_ns(node.node_ns, "sysctl", "-qw", f"net.ipv4.conf.{host_side}.proxy_arp=1"))
     run(in_ns(node.node_ns, "ip", "route", "add", f"{address}/32", "dev", host_side))
@@ -134,7 +141,6 @@ def _wire_overlay(node: PodNode) -> None:
         run(in_ns(ns, "ip", "addr", "add", f"{overlay}/24", "dev", "vxlan0"))
         run(in_ns(ns, "ip", "link", "set", "vxlan0", "up"))
         disable_offloads(ns, "vxlan0")
-    run(in_ns(node.peer_ns, "ip", "route", "add", POD_SUBNET, "via", OVERLAY_NODE_IP))
     # As VXLAN CNIs configure pods: the NIC's MTU less the 50 bytes of encapsulation, so
     # nothing is fragmented.
     for index, pod in enumerate(node.pods):
