@@ -99,6 +99,11 @@ class DatapathSpec:
     """Share of the link guaranteed to traffic that is not a managed PS (never starved)."""
     unmanaged_band: int = NUM_BANDS - 1
     """Priority at which unmanaged traffic borrows beyond its guaranteed share."""
+    short_waiting_queues: bool = False
+    """The waiting bands (all but the green one) queue only a short time of their guaranteed
+    rate (policy/tc_plan.py, HtbTuning.waiting_queue_seconds). For traffic the host forwards
+    (pods): no TCP small queues hold those senders back, and a waiting band's default queue
+    (txqueuelen packets at its trickle) strands their packets for tens of seconds."""
 
     def __post_init__(self) -> None:
         if problem := interface_name_problem(self.interface):

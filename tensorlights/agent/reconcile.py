@@ -72,6 +72,7 @@ def desired_spec(
             for job in plan.order
         ),
         unmanaged_share=config.unmanaged_share,
+        short_waiting_queues=config.pod_shaping,
     )
 
 

@@ -42,11 +42,13 @@ from tensorlights.policy.tc_plan import (
     AddTable,
     DeleteClass,
     DeleteFilter,
+    DeleteLeaf,
     DesiredLayout,
     HtbTuning,
     JobTable,
     PortLink,
     PutClass,
+    PutLeaf,
     PutLink,
     PutTableTarget,
     TcOp,
@@ -86,6 +88,11 @@ class PlannedChange:
 TABLE_DELETE_RETRIES = (0.001, 0.005, 0.02, 0.05)
 
 
+def _ifindex(raw: bytes) -> int:
+    """The interface of a dumped tc message (a dump by ifindex may still list others)."""
+    return int(struct.unpack_from("=i", raw, tcm.NLMSG_HEADER_SIZE + 4)[0])
+
+
 def _deletes_table(op: TcOp) -> bool:
     return isinstance(op, DeleteFilter) and op.handle & 0xFFFFF == 0
 
@@ -120,15 +127,22 @@ class HtbDatapath:
             up=bool(msg["flags"] & 1),
         )
 
+    def _qdiscs(self, ifindex: int) -> list[bytes]:
+        request = struct.pack("=BxxxiIII", 0, ifindex, 0, 0, 0)
+        return [raw for raw in self.sock.dump(RTM_GETQDISC, request) if _ifindex(raw) == ifindex]
+
     def _root_qdisc(self, ifindex: int) -> tuple[Any | None, bytes | None]:
-        for raw in self.sock.dump(RTM_GETQDISC, struct.pack("=BxxxiIII", 0, ifindex, 0, 0, 0)):
+        for raw in self._qdiscs(ifindex):
             msg = tcm_decode(raw)
-            if msg["index"] == ifindex and msg["parent"] == tcm.TC_H_ROOT:
+            if msg["parent"] == tcm.TC_H_ROOT:
                 return msg, raw
         return None, None
 
     def read_actual(self, ifindex: int) -> ActualState:
-        root, _ = self._root_qdisc(ifindex)
+        qdiscs = self._qdiscs(ifindex)
+        root = next(
+            (msg for raw in qdiscs if (msg := tcm_decode(raw))["parent"] == tcm.TC_H_ROOT), None
+        )
         if root is None:
             return ActualState(root_kind=None, root_handle=0, default_minor=None)
         kind = root.get_attr("TCA_KIND")
@@ -163,6 +177,11 @@ class HtbDatapath:
             htid: JobTable(htid, table_target.get(htid), tuple(handles))
             for htid, handles in table_handles.items()
         }
+        leaves = {
+            leaf.minor: leaf
+            for raw in qdiscs
+            if (leaf := tcm.decode_leaf(raw, self.major)) is not None
+        }
         return ActualState(
             root_kind=kind,
             root_handle=root_handle,
@@ -170,6 +189,7 @@ class HtbDatapath:
             classes=classes,
             links=tuple(links),
             tables=tables,
+            leaves=leaves,
         )
 
     def _is_ours(self, kind: str | None, root_handle: int) -> bool:
@@ -306,6 +326,10 @@ class HtbDatapath:
                 return tcm.delete_filter(ifindex, self.major, family, handle_)
             case DeleteClass(minor):
                 return tcm.delete_htb_class(ifindex, self.major, minor)
+            case PutLeaf(minor, handle_, limit):
+                return tcm.put_leaf_fifo(ifindex, self.major, minor, handle_, limit)
+            case DeleteLeaf(minor, handle_):
+                return tcm.delete_leaf(ifindex, self.major, minor, handle_)
         raise AssertionError(f"unknown op {op!r}")
 
     # Cleanup --------------------------------------------------------------------------

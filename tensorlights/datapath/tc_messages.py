@@ -19,6 +19,7 @@ from tensorlights.policy.tc_plan import (
     MAX_FILTER_NODE,
     Family,
     HtbClass,
+    LeafQdisc,
     PortLink,
     is_job_table,
     u32_htid,
@@ -106,6 +107,21 @@ def add_root_qdisc_raw(ifindex: int, kind: str, handle_: int, options: bytes) ->
 def delete_root_qdisc(ifindex: int, handle_: int) -> Request:
     payload = _tcmsg(ifindex, handle_, TC_H_ROOT)
     what = f"delete root qdisc {format_handle(handle_)} on #{ifindex}"
+    return Request(RTM_DELQDISC, 0, payload, what)
+
+
+def put_leaf_fifo(ifindex: int, major: int, minor: int, handle_: int, limit: int) -> Request:
+    """Our pfifo of `limit` packets as the leaf of class major:minor (replacing its current
+    leaf). Options: struct tc_fifo_qopt."""
+    payload = _tcmsg(ifindex, handle_, handle(major, minor)) + _kind("pfifo")
+    payload += _nla(TCA_OPTIONS, struct.pack("=I", limit))
+    what = f"attach pfifo leaf {format_handle(handle_)} (limit {limit}) to {major:x}:{minor:x}"
+    return Request(RTM_NEWQDISC, NLM_F_CREATE | NLM_F_REPLACE, payload, f"{what} on #{ifindex}")
+
+
+def delete_leaf(ifindex: int, major: int, minor: int, handle_: int) -> Request:
+    payload = _tcmsg(ifindex, handle_, handle(major, minor))
+    what = f"delete leaf {format_handle(handle_)} of {major:x}:{minor:x} on #{ifindex}"
     return Request(RTM_DELQDISC, 0, payload, what)
 
 
@@ -259,6 +275,22 @@ def attributes(data: bytes, offset: int = 0) -> dict[int, bytes]:
         found.setdefault(nla_type & 0x3FFF, data[offset + 4 : offset + length])
         offset += (length + 3) & ~3
     return found
+
+
+def decode_leaf(raw: bytes, major: int) -> LeafQdisc | None:
+    """A qdisc attached to one of our classes (parent MAJOR:minor), else None."""
+    _, _, handle_, parent, _ = _TCMSG.unpack_from(raw, NLMSG_HEADER_SIZE)
+    if parent == TC_H_ROOT or parent >> 16 != major or parent & 0xFFFF == 0:
+        return None
+    attrs = attributes(raw, NLMSG_HEADER_SIZE + _TCMSG.size)
+    kind = attrs.get(TCA_KIND, b"").rstrip(b"\0").decode(errors="replace")
+    options = attrs.get(TCA_OPTIONS, b"")
+    limit = (
+        struct.unpack_from("=I", options)[0]
+        if kind.endswith("fifo") and len(options) >= 4
+        else None
+    )
+    return LeafQdisc(parent & 0xFFFF, kind, handle_, limit)
 
 
 @dataclass(frozen=True)

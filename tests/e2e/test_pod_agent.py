@@ -78,10 +78,11 @@ def test_the_agent_rotates_the_light_between_pods_behind_vxlan(
         document = agent.wait_status(lambda d: len(d["rotations"]["recent"]) >= 5)
         greens = [r["job"] for r in document["rotations"]["recent"]]
         assert all(a != b for a, b in itertools.pairwise(greens)), greens
-        # ...and on the wire one pod at a time carried the NIC, each of them in turn. (How
-        # many times the wire shows it move is not asserted: a pod's flow demoted at full
-        # rate can sit out a TCP retransmission timeout after it turns green again, while the
-        # other pod uses the idle link; see docs/design.md, pods.)
+        # ...and on the wire one pod at a time carried the NIC, each of them in turn, every
+        # time the light moved: each green turn (bar the cut first and last) lasted its 2 s
+        # (4 slots, give or take the slot the move fell in). Before the waiting bands had
+        # short queues, a pod's flow sat out seconds of RTO backoff after some moves (the
+        # other pod kept the link), in 2 of 10 runs; see docs/design.md, pods.
         slots = dominant_slots(result["flows"])[2:-1]
         steady = [s for i, s in enumerate(slots) if 0 < i < len(slots) - 1
                   and slots[i - 1][0] == s[0] == slots[i + 1][0]]  # fmt: skip
@@ -89,6 +90,12 @@ def test_the_agent_rotates_the_light_between_pods_behind_vxlan(
         for _top, share, total in steady:
             assert share >= 0.85 and total >= 0.85 * LINK_BYTES_PER_S * interval, slots
         assert {top for top, _, _ in steady} == set(targets), slots
+        turns = [len(list(run)) for _, run in itertools.groupby(top for top, _, _ in slots)]
+        assert len(turns) >= 5 and all(3 <= n <= 5 for n in turns[1:-1]), (turns, slots)
+
+        # With pod shaping the waiting bands have short queues (policy/tc_plan.py).
+        qdiscs = netns.run(netns.in_ns(node.node_ns, "tc", "qdisc", "show", "dev", node.nic))
+        assert qdiscs.stdout.count("pfifo") == 7 and "limit 16p" in qdiscs.stdout, qdiscs.stdout
 
         assert agent.stop() == 0  # SIGTERM: the NIC restored, our tables gone
         assert root_qdisc(node.node_ns, node.nic)["kind"] == "noqueue"

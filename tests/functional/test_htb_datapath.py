@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import dataclasses
 import time
 from pathlib import Path
 
@@ -85,6 +86,36 @@ def test_apply_twice_changes_nothing_and_hand_deletions_are_repaired(
     classes = htb_classes(ns, "veth-a")
     assert {"7a1:1", "7a1:2", "7a1:10", "7a1:17"} <= set(classes)
     assert classes["7a1:13"]["prio"] == 3
+
+
+def leaves(ns: str) -> dict[str, tuple[str, str, int | None]]:
+    """parent class -> (kind, handle, limit) of every qdisc under one of our classes."""
+    return {
+        q["parent"]: (q["kind"], q["handle"], q.get("options", {}).get("limit"))
+        for q in tc_json(ns, "qdisc", "show", "dev", "veth-a")
+        if q.get("parent", "").startswith("7a1:")
+    }
+
+
+def test_short_waiting_queues_are_pfifo_leaves_kept_and_removed(
+    pair: netns.HostPair, datapath: HtbDatapath
+) -> None:
+    short = dataclasses.replace(two_jobs("job-a"), short_waiting_queues=True)
+    datapath.apply(short)
+    ns = pair.a.ns
+    # 256 kbit for half a second is under 16 full frames: 16 packets.
+    assert leaves(ns) == {
+        f"7a1:{0x10 + b:x}": ("pfifo", f"{0x7A2 + b:x}:", 16) for b in range(1, 8)
+    }
+    assert datapath.apply(short).ops == ()
+    # Changed behind our back: put back on the next pass, and only that one.
+    hand_edit = "qdisc replace dev veth-a parent 7a1:11 handle 7a3: pfifo limit 1000"
+    netns.run(["tc", "-n", ns, *hand_edit.split(" ")])
+    assert len(datapath.apply(short).ops) == 1
+    assert leaves(ns)["7a1:11"] == ("pfifo", "7a3:", 16)
+    # Turned off: the kernel's default leaves are back (ours are gone).
+    assert len(datapath.apply(two_jobs("job-a")).ops) == 7
+    assert leaves(ns) == {}
 
 
 def test_adopts_its_qdisc_after_restart_without_changes(

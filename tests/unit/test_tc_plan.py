@@ -15,18 +15,22 @@ from tensorlights.policy.tc_plan import (
     AddTable,
     DeleteClass,
     DeleteFilter,
+    DeleteLeaf,
     DesiredLayout,
     Family,
     HtbTuning,
     JobTable,
+    LeafQdisc,
     PortLink,
     PutClass,
+    PutLeaf,
     PutLink,
     PutTableTarget,
     TcOp,
     assign_job_tables,
     desired_layout,
     diff,
+    leaf_handle,
     retarget_tables,
     tables_in_use,
     u32_table_handle,
@@ -35,9 +39,14 @@ from tensorlights.policy.tc_plan import (
 TUNING = HtbTuning()
 
 
-def spec_of(jobs: dict[str, tuple[int, set[int]]], rate: int = 200_000_000) -> DatapathSpec:
+def spec_of(
+    jobs: dict[str, tuple[int, set[int]]], rate: int = 200_000_000, short_queues: bool = False
+) -> DatapathSpec:
     return DatapathSpec(
-        "eth0", rate, tuple(JobShaping(j, b, frozenset(p)) for j, (b, p) in jobs.items())
+        "eth0",
+        rate,
+        tuple(JobShaping(j, b, frozenset(p)) for j, (b, p) in jobs.items()),
+        short_waiting_queues=short_queues,
     )
 
 
@@ -46,8 +55,14 @@ def simulate(actual: ActualState, ops: list[TcOp], layout: DesiredLayout) -> Act
     classes = dict(actual.classes)
     links = {(link.family, link.handle & 0xFFF): link for link in actual.links}
     tables = {htid: t for htid, t in actual.tables.items()}
+    leaves = dict(actual.leaves)
     for op in ops:
         match op:
+            case PutLeaf(minor, handle, limit):
+                assert minor in classes, "a leaf needs its class first"
+                leaves[minor] = LeafQdisc(minor, "pfifo", handle, limit)
+            case DeleteLeaf(minor, handle):
+                assert leaves.pop(minor).handle == handle
             case PutClass(cls, create):
                 assert (cls.minor not in classes) == create
                 classes[cls.minor] = cls
@@ -77,7 +92,7 @@ def simulate(actual: ActualState, ops: list[TcOp], layout: DesiredLayout) -> Act
     for link in links.values():
         assert link.htid in tables, "a link must never point at a missing table"
     return ActualState(
-        "htb", 0x7A10000, layout.default_minor, classes, tuple(links.values()), tables
+        "htb", 0x7A10000, layout.default_minor, classes, tuple(links.values()), tables, leaves
     )
 
 
@@ -100,6 +115,34 @@ def test_layout_has_root_unmanaged_and_every_band() -> None:
     unmanaged = layout.classes[UNMANAGED_MINOR]
     assert unmanaged.rate == int(25_000_000 * 0.05), "unmanaged traffic keeps its guaranteed share"
     assert layout.default_minor == UNMANAGED_MINOR
+
+
+def test_short_waiting_queues_bound_every_band_but_the_green_one() -> None:
+    for rate, limit in ((100_000_000, 16), (10_000_000_000, 412)):
+        layout = desired_layout(spec_of({"a": (0, {5001})}, rate, short_queues=True), TUNING)
+        # Half a second of a band's guaranteed rate, at least 16 packets.
+        assert layout.leaves == {FIRST_BAND_MINOR + b: limit for b in range(1, NUM_BANDS)}
+        ops = diff(empty(), layout)
+        puts = [op for op in ops if isinstance(op, PutLeaf)]
+        assert [op.handle for op in puts] == [leaf_handle(0x7A1, b) for b in range(1, NUM_BANDS)]
+        assert diff(simulate(empty(), ops, layout), layout) == []
+    assert desired_layout(spec_of({"a": (0, {5001})}), TUNING).leaves == {}
+
+
+def test_leaves_go_when_not_wanted_but_only_ours() -> None:
+    ours = LeafQdisc(FIRST_BAND_MINOR + 1, "pfifo", leaf_handle(0x7A1, 1), 16)
+    theirs = LeafQdisc(FIRST_BAND_MINOR + 2, "bfifo", 0x1230000, 9000)
+    layout = desired_layout(spec_of({"a": (0, {5001})}), TUNING)
+    state = simulate(empty(), diff(empty(), layout), layout)
+    state = ActualState(
+        state.root_kind, state.root_handle, state.default_minor, state.classes, state.links,
+        state.tables, {ours.minor: ours, theirs.minor: theirs},
+    )  # fmt: skip
+    assert diff(state, layout) == [DeleteLeaf(ours.minor, ours.handle)]
+    # Wanted, a leaf someone else put (or ours with another limit) is replaced.
+    short = desired_layout(spec_of({"a": (0, {5001})}, short_queues=True), TUNING)
+    puts = [op for op in diff(state, short) if isinstance(op, PutLeaf | DeleteLeaf)]
+    assert len(puts) == NUM_BANDS - 2 and theirs.minor in {op.minor for op in puts}
 
 
 def test_each_port_links_both_families_to_its_jobs_table() -> None:
@@ -213,7 +256,7 @@ def specs(draw: st.DrawFn) -> DatapathSpec:
         jobs[name] = (draw(st.integers(0, NUM_BANDS - 1)), {next(ports) for _ in range(count)})
         for _ in range(3 - count):
             next(ports)
-    return spec_of(jobs)
+    return spec_of(jobs, short_queues=draw(st.booleans()))
 
 
 @settings(max_examples=200, deadline=None)
