@@ -123,9 +123,12 @@ class TelemetrySampler:
 
     def sample_once(self) -> list[Iteration]:
         """One round. A job whose connections are all idle (its workers computing) has one
-        connection sampled per round, in turn, and all of them every FULL_ROUND_EVERY
-        rounds: every push of a job starts at once, so one connection going busy shows the
-        push began, and from the next round on all are sampled until all are idle again."""
+        connection sampled per round, in turn among those that have pushed before (a PS
+        also holds control connections that never push: a framework's TCPStore, its
+        launcher's), and all of them every FULL_ROUND_EVERY rounds: an iteration's pushes
+        go out together or one right after the other, so one pushing connection going busy
+        shows the push began, and from the next round on all are sampled until all are idle
+        again."""
         targets = self._targets
         if targets is None:
             return []
@@ -134,13 +137,15 @@ class TelemetrySampler:
         keys: list[tuple[str, str]] = []
         chosen_targets: list[_Target] = []
         busy = self.tracker.busy_jobs()
+        pushing = self.tracker.pushing_connections()
         for job, conns in by_job.items():
             if not conns:
                 continue
             if self._round % FULL_ROUND_EVERY == 0 or job in busy or job not in self._known_jobs:
                 chosen = conns
             else:
-                chosen = [conns[self._round % len(conns)]]
+                watch = [target for target in conns if target.key in pushing] or conns
+                chosen = [watch[self._round % len(watch)]]
             for target in chosen:
                 keys.append((job, target.key))
                 chosen_targets.append(target)

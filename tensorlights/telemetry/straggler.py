@@ -8,22 +8,25 @@ completed when the last ACK arrived: sample time - last_ack_recv. That is exact 
 millisecond however coarse the sampling, as long as a sample falls in the idle gap between two
 pushes (the workers' compute time): sample at least twice as often as that gap is long.
 
-Every push of one iteration starts at the same moment (the PS sends to all workers at once
-after its barrier), and that moment lies in each push's *start window*: after the last sample
-that saw the connection idle, no later than the first sample that saw it busy (or the
-completion). A job's iteration is the set of completions whose start windows overlap; a push
-whose window starts after the open iteration's common window has ended belongs to the next
-iteration. The next iteration starts at least a compute time later, so the windows of two
-iterations cannot overlap while sampling is under half the compute time. An iteration closes
-when every connection of the job has completed in it, when the next one begins, or when the
-job ends. Spread = last completion - first; period = time between the last completions of
-consecutive iterations; push time = last completion - the earliest estimated push start
-(completion - bytes / delivery rate: an estimate).
+Each push lies in its *start window*: after the last sample that saw the connection idle, no
+later than the first sample that saw it busy (or the completion). The pushes of one iteration
+need not start together: gloo's PS, for one, pushes to one worker after the other. What
+separates two iterations is the workers' compute, when the whole job is *quiet*: a sampling
+round in which none of its connections was busy. A completion belongs to the open iteration
+unless its connection already completed there, or a quiet round fell between the open
+iteration's first push (the earliest start_by) and this push's start (its start_after). While
+sampling is under half the compute time, a quiet round falls between any two iterations. An
+iteration closes when every connection of the job has completed in it, when the next one
+begins, or when the job ends. The iteration's start window is that of its first push. Spread =
+last completion - first; period = time between the last completions of consecutive
+iterations; push time = last completion - the earliest estimated push start (completion -
+bytes / delivery rate: an estimate).
 """
 
 from __future__ import annotations
 
 import math
+from collections import deque
 from collections.abc import Iterable, Mapping
 from dataclasses import dataclass, field
 
@@ -31,6 +34,8 @@ from tensorlights.model import TcpInfo
 
 DEFAULT_MIN_PUSH_BYTES = 16 * 1024
 MAX_OPEN_ITERATION_S = 30.0
+QUIET_ROUNDS_KEPT = 8
+"""Recent quiet rounds remembered per job: more than fall inside one iteration's pushes."""
 
 
 @dataclass(frozen=True)
@@ -76,13 +81,18 @@ class _Connection:
     idle_at: float
     segs_last: int = 0
     busy_at: float | None = None
+    pushed: bool = False
+    """Has completed a push: not one of the job's control connections (a TCPStore's, a
+    launcher's), which stay idle while the pushes go out on the others."""
 
 
 @dataclass
 class _Job:
     open: dict[str, Completion] = field(default_factory=dict)
     window: tuple[float, float] = (float("-inf"), float("inf"))
-    """Where all open pushes may have started: the intersection of their start windows."""
+    """Where the open iteration's first push started."""
+    quiet: deque[float] = field(default_factory=lambda: deque(maxlen=QUIET_ROUNDS_KEPT))
+    """Times of the latest rounds in which none of the job's connections was busy."""
     known: set[str] = field(default_factory=set)
     last_done: float | None = None
     warming_up: bool = True
@@ -106,6 +116,10 @@ class StragglerTracker:
             for conn in self._connections.values()
             if conn.busy_at is not None or not conn.primed
         }
+
+    def pushing_connections(self) -> set[str]:
+        """Connections that have completed a push: the ones that show a job's push begin."""
+        return {key for key, conn in self._connections.items() if conn.pushed}
 
     def observe(
         self,
@@ -142,16 +156,25 @@ class StragglerTracker:
             for completion in sorted(finished, key=lambda c: c.at):
                 after, by = state.window
                 if state.open and (
-                    completion.connection in state.open or completion.start_after >= by
+                    completion.connection in state.open
+                    or any(by <= quiet <= completion.start_after for quiet in state.quiet)
                 ):
                     closed.extend(self._close(job, state))
                     after, by = state.window
                 state.open[completion.connection] = completion
-                state.window = (max(after, completion.start_after), min(by, completion.start_by))
+                if completion.start_by < by:  # the first push so far
+                    after, by = completion.start_after, completion.start_by
+                state.window = (after, by)
         for job, state in self._jobs.items():
+            keys = present.get(job, set())
+            if not any(
+                (conn := self._connections.get(key)) is not None and conn.busy_at is not None
+                for key in keys
+            ):
+                state.quiet.append(now)
             if not state.open:
                 continue
-            self._update_membership(state, present.get(job, set()))
+            self._update_membership(state, keys)
             if state.known <= state.open.keys() or (
                 now - min(c.at for c in state.open.values()) > MAX_OPEN_ITERATION_S
             ):
@@ -197,6 +220,7 @@ class StragglerTracker:
             return None
         if grown < self.min_push_bytes:
             return None
+        state.pushed = True
         at = now - info.last_ack_recv_ms / 1000.0
         duration = grown / info.delivery_rate if info.delivery_rate > 0 else 0.0
         return Completion(

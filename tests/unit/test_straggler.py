@@ -61,6 +61,21 @@ def job_pushes(
     ]
 
 
+def serial_pushes(
+    iterations: int, workers: int, compute: float, push: float
+) -> list[FakeConnection]:
+    """As gloo's PS pushes: one worker after the other (worker w's push starts when w-1's
+    ends), the next iteration a compute time after the last."""
+    pushes: list[list[tuple[float, float]]] = [[] for _ in range(workers)]
+    t = 1.0
+    for _ in range(iterations):
+        for w in range(workers):
+            pushes[w].append((t, t + push))
+            t += push
+        t += compute
+    return [FakeConnection(p) for p in pushes]
+
+
 def run(connections: list[FakeConnection], until: float, every: float = 0.1) -> list:
     tracker = StragglerTracker(min_push_bytes=1000)
     closed = []
@@ -100,6 +115,32 @@ def test_any_stragglers_with_compute_over_twice_the_sampling_are_measured(
     assert len(iterations) == len(lags) - 1
     for k, iteration in enumerate(iterations, start=1):
         assert iteration.spread == pytest.approx(max(lags[k]) - min(lags[k]), abs=0.0015)
+
+
+@settings(max_examples=60, deadline=None)
+@given(
+    st.integers(2, 4),
+    st.floats(0.21, 0.6),
+    st.floats(0.002, 0.08),
+    st.floats(0.0, 0.099),
+)
+def test_pushes_sent_one_worker_after_the_other_are_one_iteration(
+    workers: int, compute: float, push: float, phase: float
+) -> None:
+    """Pushes of one iteration need not start together: the job stays busy from the first
+    push's start to the last one's end, and only the workers' compute separates iterations
+    (sampled at any phase against the pushes)."""
+    connections = serial_pushes(8, workers, compute, push)
+    for c in connections:
+        c.pushes = [(start + phase, end + phase) for start, end in c.pushes]
+    iterations = run(connections, until=20)
+    assert len(iterations) == 7, [(it.first_done, it.connections) for it in iterations]
+    assert all(it.connections == workers for it in iterations)
+    for k, iteration in enumerate(iterations, start=1):
+        last = max(c.pushes[k][1] for c in connections)
+        first = min(c.pushes[k][1] for c in connections)
+        assert iteration.last_done == pytest.approx(last, abs=0.0015)
+        assert iteration.spread == pytest.approx(last - first, abs=0.0015)
 
 
 def test_small_messages_are_not_pushes_and_bytes_are_counted() -> None:
@@ -154,3 +195,17 @@ def test_idle_time_before_each_push_is_the_compute_however_long_the_push_queues(
         # The push start is known to within a sample (0.1 s): its middle is within 0.05 s.
         assert all(abs(idle - 0.3) <= 0.051 for idle in idles if idle is not None), idles
         assert all(it.pushed_bytes == 2 * MODEL for it in iterations)
+
+
+def test_connections_that_never_push_are_not_the_ones_watched_for_a_push() -> None:
+    # Two data connections and a framework's control connection (a TCPStore's): idle
+    # throughout, it must not be the one the sampler watches between iterations.
+    connections = job_pushes(3, [[0.0, 0.0]] * 3)
+    tracker = StragglerTracker(min_push_bytes=1000)
+    control = TcpInfo(0, 0, 900, 100, 576, 0, 0, 0, 10**6, 576)
+    now = 0.0
+    while now < 3.0:
+        samples = [("j", str(i), c.info(now)) for i, c in enumerate(connections)]
+        tracker.observe(now, [*samples, ("j", "store", control)])
+        now = round(now + 0.1, 6)
+    assert tracker.pushing_connections() == {"0", "1"}
