@@ -209,7 +209,7 @@ def test_a_real_pytorch_ps_in_a_pod_is_found_shaped_and_measured(
             summary = json.loads(ps.communicate(timeout=60)[0].strip().splitlines()[-1])
             seen: list[object] = []
             deadline = time.monotonic() + 10
-            while time.monotonic() < deadline and len(seen) < iterations - 4:
+            while time.monotonic() < deadline and len(seen) < iterations - 2:
                 seen = (agent.status() or {}).get("telemetry", {}).get(job, [])
                 time.sleep(0.2)
         finally:
@@ -220,10 +220,10 @@ def test_a_real_pytorch_ps_in_a_pod_is_found_shaped_and_measured(
     assert all(len(times) == iterations for times in received)
     assert summary["model_bytes"] == model_bytes(hidden)
     seen_at = [item["last_done_monotonic"] for item in seen if isinstance(item, dict)]
-    # Measured: 8 or more of 12 in 5 of 7 runs, 7 in 2 (the first 3-4 iterations, 0.4-0.6 s
-    # apart, end before discovery has the gloo connections; the host path's test misses them
-    # the same way). Asserted: the agent measures the real job in its pod at all, most of it.
-    assert len(seen) >= iterations // 2, (
+    # Measured: 10 of 12 in 4 of 4 runs, the 2 of warm-up missing (met mid-push, then the
+    # period's anchor). Before the sampler stopped watching the TCPStore's idle connections
+    # between pushes, 7 or 8: iterations passed unseen. One more may be lost to CPU here.
+    assert len(seen) >= iterations - 3, (
         f"saw {len(seen)} of {iterations}; worker 1 received at {received[0]}; the agent saw "
         f"iterations end at {seen_at}"
     )
