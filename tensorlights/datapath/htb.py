@@ -93,6 +93,15 @@ def _ifindex(raw: bytes) -> int:
     return int(struct.unpack_from("=i", raw, tcm.NLMSG_HEADER_SIZE + 4)[0])
 
 
+def _root_of(qdiscs: list[bytes]) -> tuple[Any | None, bytes | None]:
+    """The root qdisc among one interface's dumped qdiscs (decoded, raw); Nones if none."""
+    for raw in qdiscs:
+        msg = tcm_decode(raw)
+        if msg["parent"] == tcm.TC_H_ROOT:
+            return msg, raw
+    return None, None
+
+
 def _deletes_table(op: TcOp) -> bool:
     return isinstance(op, DeleteFilter) and op.handle & 0xFFFFF == 0
 
@@ -132,17 +141,11 @@ class HtbDatapath:
         return [raw for raw in self.sock.dump(RTM_GETQDISC, request) if _ifindex(raw) == ifindex]
 
     def _root_qdisc(self, ifindex: int) -> tuple[Any | None, bytes | None]:
-        for raw in self._qdiscs(ifindex):
-            msg = tcm_decode(raw)
-            if msg["parent"] == tcm.TC_H_ROOT:
-                return msg, raw
-        return None, None
+        return _root_of(self._qdiscs(ifindex))
 
     def read_actual(self, ifindex: int) -> ActualState:
         qdiscs = self._qdiscs(ifindex)
-        root = next(
-            (msg for raw in qdiscs if (msg := tcm_decode(raw))["parent"] == tcm.TC_H_ROOT), None
-        )
+        root, _ = _root_of(qdiscs)
         if root is None:
             return ActualState(root_kind=None, root_handle=0, default_minor=None)
         kind = root.get_attr("TCA_KIND")

@@ -8,7 +8,6 @@ from __future__ import annotations
 import itertools
 import json
 import subprocess
-import sys
 import time
 from pathlib import Path
 
@@ -29,6 +28,7 @@ from tensorlights.testbed.socket_holder import clean_env
 
 from ..functional.tcutil import root_qdisc, sink_result
 from .agentproc import AgentProcess, dominant_slots
+from .torchjobs import launch
 
 pytestmark = pytest.mark.root
 
@@ -166,31 +166,10 @@ def test_a_real_pytorch_ps_in_a_pod_is_found_shaped_and_measured(
         agents.append(agent)
         agent.wait_status(lambda d: bool(d.get("healthy")))
         job = tf_job_id("torch", workers)
-        common = ["--master", f"{pod.ipv4}:{master_port}", "--workers", str(workers),
-                  "--hidden", str(hidden), "--iterations", str(iterations)]  # fmt: skip
-        module = [sys.executable, "-m", "tensorlights.testbed.torchjob"]
-        ps = subprocess.Popen(
-            netns.in_ns(pod.ns, *module, "ps", *common, "--ifname", "eth0"),
-            stdout=subprocess.PIPE, text=True, env=clean_env(tf_launcher_env("torch", workers)),
+        run = launch(
+            (pod.ns, "eth0"), (node.peer_ns, "vxlan0"), f"{pod.ipv4}:{master_port}",
+            workers, hidden, iterations,
         )  # fmt: skip
-        ranks = [
-            subprocess.Popen(
-                netns.in_ns(
-                    node.peer_ns,
-                    *module,
-                    "worker",
-                    *common,
-                    "--rank",
-                    str(rank),
-                    "--ifname",
-                    "vxlan0",
-                ),
-                stdout=subprocess.PIPE,
-                text=True,
-                env=clean_env(),
-            )
-            for rank in range(1, workers + 1)
-        ]
         try:
             # gloo's data ports are ephemeral: the pod endpoints come from the connections.
             document = agent.wait_status(
@@ -205,18 +184,14 @@ def test_a_real_pytorch_ps_in_a_pod_is_found_shaped_and_measured(
                 e.startswith(f"{pod.ipv4}:")
                 for e in document["discovery"]["job_pod_endpoints"][job]
             )
-            received = [json.loads(w.communicate(timeout=180)[0])["received"] for w in ranks]
-            summary = json.loads(ps.communicate(timeout=60)[0].strip().splitlines()[-1])
+            received, summary = run.results()
             seen: list[object] = []
             deadline = time.monotonic() + 10
             while time.monotonic() < deadline and len(seen) < iterations - 2:
                 seen = (agent.status() or {}).get("telemetry", {}).get(job, [])
                 time.sleep(0.2)
         finally:
-            for proc in (ps, *ranks):
-                if proc.poll() is None:
-                    proc.kill()
-                    proc.wait()
+            run.kill()
     assert all(len(times) == iterations for times in received)
     assert summary["model_bytes"] == model_bytes(hidden)
     seen_at = [item["last_done_monotonic"] for item in seen if isinstance(item, dict)]

@@ -3,20 +3,17 @@ finds its PS by TF_CONFIG alone, shapes and measures its real pushes."""
 
 from __future__ import annotations
 
-import json
-import subprocess
-import sys
 import time
 from pathlib import Path
 
 import pytest
 
 from tensorlights.testbed import netns
-from tensorlights.testbed.psjob import tf_job_id, tf_launcher_env
-from tensorlights.testbed.socket_holder import clean_env
+from tensorlights.testbed.psjob import tf_job_id
 from tensorlights.testbed.torchjob import model_bytes
 
 from .agentproc import AgentProcess
+from .torchjobs import launch
 
 pytest.importorskip(
     "torch", reason="the torch extra is not installed (scripts/test.sh installs it)"
@@ -52,23 +49,11 @@ def test_the_agent_finds_shapes_and_measures_a_real_pytorch_ps(
     agents.append(agent)
     agent.wait_status(lambda d: bool(d.get("healthy")))
     job = tf_job_id("torch", WORKERS)
-    common = ["--master", f"{pair.a.ipv4}:{MASTER_PORT}", "--workers", str(WORKERS),
-              "--hidden", str(HIDDEN), "--iterations", str(ITERATIONS)]  # fmt: skip
-    module = [sys.executable, "-m", "tensorlights.testbed.torchjob"]
     sent_before = tx_bytes(pair.a.ns, "veth-a")
-    ps = subprocess.Popen(
-        pair.a.exec_args(*module, "ps", *common, "--ifname", "veth-a"),
-        stdout=subprocess.PIPE, text=True, env=clean_env(tf_launcher_env("torch", WORKERS)),
+    run = launch(
+        (pair.a.ns, "veth-a"), (pair.b.ns, "veth-b"), f"{pair.a.ipv4}:{MASTER_PORT}",
+        WORKERS, HIDDEN, ITERATIONS,
     )  # fmt: skip
-    workers = [
-        subprocess.Popen(
-            pair.b.exec_args(*module, "worker", *common, "--rank", str(rank), "--ifname", "veth-b"),
-            stdout=subprocess.PIPE,
-            text=True,
-            env=clean_env(),
-        )
-        for rank in range(1, WORKERS + 1)
-    ]
     try:
         # The PS's data ports are gloo's ephemeral ones: found by process, not configured.
         document = agent.wait_status(
@@ -77,13 +62,9 @@ def test_the_agent_finds_shapes_and_measures_a_real_pytorch_ps(
         )
         ports_found_at = time.monotonic()  # the agent had them by now
         assert job in document["bands"]
-        received = [json.loads(w.communicate(timeout=180)[0])["received"] for w in workers]
-        summary = json.loads(ps.communicate(timeout=60)[0].strip().splitlines()[-1])
+        received, summary = run.results()
     finally:
-        for proc in (ps, *workers):
-            if proc.poll() is None:
-                proc.kill()
-                proc.wait()
+        run.kill()
     assert all(len(times) == ITERATIONS for times in received)
     assert summary["model_bytes"] == model_bytes(HIDDEN)
     # Real pushes crossed the shaped link: the model to every worker, every iteration.
