@@ -1,7 +1,8 @@
 #!/usr/bin/env bash
 # Installs what TensorLights needs on a Debian machine (run as root): system packages and a
 # virtualenv in .venv with the package. `scripts/setup.sh test` adds the test tools (and
-# PyTorch for the real PS job's test), `scripts/setup.sh bench` the report's plotting.
+# PyTorch for the real PS job's test), `scripts/setup.sh bench` the report's plotting
+# and iperf3.
 set -euo pipefail
 cd "$(dirname "$0")/.."
 extra=${1:-}
@@ -26,6 +27,8 @@ if [[ $extra == test ]]; then
   # The tests start a real Slurm (munged, slurmctld, slurmd) and a real Prometheus (and its
   # promtool) as plain processes, and build the Slurm plugin against Slurm's headers.
   install_missing slurmctld slurmd munge slurm-client prometheus libslurm-dev gcc make
+elif [[ $extra == bench ]]; then
+  install_missing iperf3  # scripts/bench_datapath_cost.py's line-rate traffic
 fi
 
 if [[ ! -x .venv/bin/python ]]; then

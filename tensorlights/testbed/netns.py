@@ -90,7 +90,7 @@ def disable_offloads(ns: str, ifname: str) -> None:
 
 
 def create_pair(
-    run_id: str | None = None, offloads_off: bool = True, congctl: str = "cubic"
+    run_id: str | None = None, offloads_off: bool = True, congctl: str = "cubic", queues: int = 1
 ) -> HostPair:
     run_id = run_id or new_run_id()
     ns_a, ns_b = f"{NS_PREFIX}-{run_id}-a", f"{NS_PREFIX}-{run_id}-b"
@@ -105,7 +105,7 @@ def create_pair(
             run(["ip", "netns", "add", ns])
             pair.namespaces.append(ns)
             run(in_ns(ns, "ip", "link", "set", "lo", "up"))
-        link_pair(pair, offloads_off, congctl)
+        link_pair(pair, offloads_off, congctl, queues)
     except BaseException:
         destroy_pair(pair)
         raise
@@ -117,25 +117,16 @@ def destroy_pair(pair: HostPair) -> None:
     stop_reaper(pair.reaper)
 
 
-def link_pair(pair: HostPair, offloads_off: bool = True, congctl: str = "cubic") -> None:
-    """(Re)create the veth link between the pair's namespaces, with addresses and routes."""
+def link_pair(
+    pair: HostPair, offloads_off: bool = True, congctl: str = "cubic", queues: int = 1
+) -> None:
+    """(Re)create the veth link between the pair's namespaces, with addresses and routes;
+    `queues` transmit and receive queues on each end (a multi-queue NIC's shape)."""
+    multiqueue = ["numtxqueues", str(queues), "numrxqueues", str(queues)] if queues > 1 else []
     run(
-        [
-            "ip",
-            "-n",
-            pair.a.ns,
-            "link",
-            "add",
-            "veth-a",
-            "type",
-            "veth",
-            "peer",
-            "name",
-            "veth-b",
-            "netns",
-            pair.b.ns,
-        ]
-    )
+        ["ip", "-n", pair.a.ns, "link", "add", "veth-a", *multiqueue,
+         "type", "veth", "peer", "name", "veth-b", *multiqueue, "netns", pair.b.ns]
+    )  # fmt: skip
     for host in (pair.a, pair.b):
         run(in_ns(host.ns, "ip", "addr", "add", f"{host.ipv4}/24", "dev", host.ifname))
         run(
@@ -207,8 +198,10 @@ def leftover_namespaces(run_id: str) -> list[str]:
 
 
 @contextlib.contextmanager
-def host_pair(offloads_off: bool = True, congctl: str = "cubic") -> Iterator[HostPair]:
-    pair = create_pair(offloads_off=offloads_off, congctl=congctl)
+def host_pair(
+    offloads_off: bool = True, congctl: str = "cubic", queues: int = 1
+) -> Iterator[HostPair]:
+    pair = create_pair(offloads_off=offloads_off, congctl=congctl, queues=queues)
     try:
         yield pair
     finally:
