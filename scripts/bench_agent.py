@@ -3,8 +3,10 @@
 
 16 PS jobs (processes found by TENSORLIGHTS_JOB/ROLE) in one namespace hold 16 connections
 each to a worker namespace (256 connections); the agent shapes veth-a at 200 Mbit and rotates
-the green light every second. After a warm-up, CPU time (utime + stime from /proc/PID/stat)
-and VmRSS are sampled over --seconds. Needs root.
+the green light every second. After a warm-up, the agent's CPU time (the scheduler's exact
+count, not the tick-sampled utime + stime) and VmRSS are sampled over --seconds, once the PS
+are no longer young (found more than YOUNG_PS_S ago); the CPU share while they were young is
+printed too. Then the detection latency, listen() -> the port shaped. Needs root.
 
     .venv/bin/python scripts/bench_agent.py [--seconds 60] [--jobs 16] [--connections 16]
 """
@@ -13,7 +15,7 @@ from __future__ import annotations
 
 import argparse
 import json
-import os
+import random
 import statistics
 import subprocess
 import sys
@@ -22,16 +24,20 @@ import time
 from pathlib import Path
 
 from tensorlights.agent.status import Shaping, read_status
+from tensorlights.discovery.scanner import YOUNG_PS_S
 from tensorlights.errors import TransientError
 from tensorlights.testbed import netns
 from tensorlights.testbed.socket_holder import Holder, clean_env, start_holder
 
-TICKS = os.sysconf("SC_CLK_TCK")
+CPUCLOCK_SCHED = 2
 
 
 def cpu_seconds(pid: int) -> float:
-    fields = Path(f"/proc/{pid}/stat").read_text().rsplit(")", 1)[1].split()
-    return (int(fields[11]) + int(fields[12])) / TICKS
+    """The process's CPU time from the scheduler's own count (clock_gettime on its CPU clock):
+    exact. utime + stime in /proc/PID/stat are sampled at the tick on these kernels
+    (TICK_CPU_ACCOUNTING, 250 Hz), which overcharges a process that wakes briefly on a timer:
+    they showed the telemetry thread at twice its real cost."""
+    return time.clock_gettime((~pid << 3) | CPUCLOCK_SCHED)
 
 
 def rss_mib(pid: int) -> float:
@@ -54,15 +60,60 @@ def wait_for_jobs(sock: Path, jobs: int, deadline_s: float = 60) -> Shaping:
     raise RuntimeError(f"the agent did not find {jobs} jobs")
 
 
+def port_shaped_after(sock: Path, port: int, since: float, deadline_s: float = 10) -> float:
+    """Seconds from `since` until the agent's status lists `port` among a job's ports (the
+    pass that writes its filter publishes the status after the kernel write)."""
+    end = time.monotonic() + deadline_s
+    while time.monotonic() < end:
+        try:
+            status = read_status(sock)
+        except (TransientError, OSError, json.JSONDecodeError):
+            status = None
+        if status is not None and status.shaping is not None:
+            ports = status.shaping.discovery["job_ports"].values()
+            if any(port in job_ports for job_ports in ports):
+                return time.monotonic() - since
+        time.sleep(0.005)
+    return float("inf")
+
+
+def detection_latencies(
+    sock: Path, pair: netns.HostPair, old_ps: list[Holder], trials: int
+) -> tuple[list[float], list[float]]:
+    """listen() -> shaped, for a new PS process and for a new listener of a PS found long ago."""
+    new_ps, old = [], []
+    for trial in range(trials):
+        env = {"TENSORLIGHTS_JOB": f"new-{trial}", "TENSORLIGHTS_ROLE": "ps"}
+        holder = start_holder(env, "--host", pair.a.ipv4, prefix=pair.a.exec_args())
+        try:
+            new_ps.append(
+                port_shaped_after(sock, holder.report["listen_port"], holder.report["listened_at"])
+            )
+        finally:
+            holder.stop()
+    # No process starts or exits meanwhile (their events would make scans), at a random
+    # point of the scan cycle so that the figures span it.
+    for trial in range(trials):
+        time.sleep(1.5 + random.random())
+        reply = old_ps[trial % len(old_ps)].listen_more_report()
+        old.append(port_shaped_after(sock, reply["listen_port"], reply["listened_at"]))
+    return new_ps, old
+
+
 def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
     parser.add_argument("--seconds", type=float, default=60.0)
     parser.add_argument("--jobs", type=int, default=16)
     parser.add_argument("--connections", type=int, default=16)
-    parser.add_argument("--scan-interval", default="250ms")
+    parser.add_argument("--scan-interval", default="1s")
+    parser.add_argument("--poll-interval", default="100ms")
+    parser.add_argument(
+        "--process-events", choices=["on", "off"], default="on", help="off: list /proc instead"
+    )
     parser.add_argument("--profile", metavar="FILE", help="run the agent under cProfile")
     parser.add_argument("--telemetry", choices=["on", "off"], default="on")
     parser.add_argument("--sample-interval", default="100ms")
+    parser.add_argument("--detections", type=int, default=10, help="listen() -> shaped trials")
     args = parser.parse_args()
 
     with netns.host_pair() as pair, tempfile.TemporaryDirectory() as workdir:
@@ -80,7 +131,10 @@ def main() -> None:
                 )
             config = Path(workdir) / "agent.toml"
             config.write_text(
-                f'scan_interval = "{args.scan_interval}"\n[telemetry]\n'
+                f'scan_interval = "{args.scan_interval}"\n'
+                f'poll_interval = "{args.poll_interval}"\n'
+                f"process_events = {'true' if args.process_events == 'on' else 'false'}\n"
+                "[telemetry]\n"
                 f"enabled = {'true' if args.telemetry == 'on' else 'false'}\n"
                 f'sample_interval = "{args.sample_interval}"\n'
             )
@@ -94,8 +148,14 @@ def main() -> None:
             ]  # fmt: skip
             agent = subprocess.Popen(pair.a.exec_args(*command), env=clean_env())
             shaping = wait_for_jobs(sock, args.jobs)
+            found_at = time.monotonic()
             connections = sum(len(task["connections"]) for task in shaping.discovery["tasks"])
             time.sleep(5)  # warm-up: imports done, caches filled
+            young_cpu, young_start = cpu_seconds(agent.pid), time.monotonic()
+            # The PS are young (their descriptors checked every poll) for YOUNG_PS_S after
+            # they were found: measured apart from the steady state that follows.
+            time.sleep(max(0.0, YOUNG_PS_S + 1 - (time.monotonic() - found_at)))
+            young_share = (cpu_seconds(agent.pid) - young_cpu) / (time.monotonic() - young_start)
             start_cpu, start = cpu_seconds(agent.pid), time.monotonic()
             rss = []
             while time.monotonic() - start < args.seconds:
@@ -105,6 +165,8 @@ def main() -> None:
             wall = time.monotonic() - start
             status = read_status(sock)
             rotations = len(status.recent_rotations) if status is not None else 0
+            source = status.shaping.discovery["processes_from"] if status and status.shaping else ""
+            new_ps, old_ps = detection_latencies(sock, pair, holders[1:], args.detections)
         finally:
             if agent is not None:
                 agent.terminate()
@@ -113,14 +175,27 @@ def main() -> None:
                 holder.stop()
     print(
         f"jobs {args.jobs}, PS connections {connections}, rotation every 1 s, "
-        f"scan every {args.scan_interval}, telemetry {args.telemetry} "
+        f"scan every {args.scan_interval}, poll every {args.poll_interval}, "
+        f"processes from {source}, telemetry {args.telemetry} "
         f"(every {args.sample_interval}), {wall:.0f} s measured"
     )
-    print(f"agent CPU: {100 * cpu / wall:.2f}% of one core")
+    print(f"agent CPU: {100 * cpu / wall:.2f}% of one core (steady state)")
+    print(
+        f"agent CPU while the PS were young (their first {YOUNG_PS_S:.0f} s, descriptors "
+        f"checked every poll): {100 * young_share:.2f}% of one core"
+    )
     print(
         f"agent RSS: median {statistics.median(rss):.1f} MiB, max {max(rss):.1f} MiB "
         f"(rotations seen in status: {rotations} of the last 20 kept)"
     )
+    for what, latencies in (
+        ("a new PS process", new_ps),
+        (f"a new listener of a PS found over {YOUNG_PS_S:.0f} s ago", old_ps),
+    ):
+        print(
+            f"listen() -> shaped, {what} ({len(latencies)} trials): median "
+            f"{statistics.median(latencies) * 1e3:.0f} ms, max {max(latencies) * 1e3:.0f} ms"
+        )
 
 
 if __name__ == "__main__":

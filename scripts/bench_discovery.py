@@ -99,7 +99,9 @@ def measure_scans(sockets: int, scans: int) -> list[str]:
         with Scanner(BELIEVE_ALL, full_sweep_s=3600) as scanner:
             scanner.scan()
             incremental = timed(scanner.scan, scans)
-        with Scanner(BELIEVE_ALL, full_sweep_s=3600, socket_refresh_s=0) as refresher:
+        with Scanner(
+            BELIEVE_ALL, full_sweep_s=3600, socket_refresh_s=0, dump_refresh_s=0
+        ) as refresher:
             refresher.scan()
             refreshing = timed(refresher.scan, scans)
         with Scanner(BELIEVE_ALL, full_sweep_s=0) as sweeper:

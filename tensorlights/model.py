@@ -206,6 +206,13 @@ class DiscoverySnapshot:
     """Processes that look like training jobs but could not be identified, and why."""
     untrusted: tuple[int, ...] = ()
     """PIDs whose job claims the trust setting does not believe (listed in `problems`)."""
+    process_events: bool = False
+    """New processes are learned from the kernel's process events (else by listing /proc)."""
+    processes_from: str = ""
+    """Where new processes are learned from, and why not from events, in words."""
+    events_lost: int = 0
+    """Times the kernel dropped process events since the agent started (each made a scan
+    list /proc and re-check every process)."""
 
     def jobs(self) -> tuple[str, ...]:
         return tuple(sorted({task.job for task in self.tasks}))

@@ -40,4 +40,7 @@ def snapshot_view(snapshot: DiscoverySnapshot) -> dict[str, Any]:
         },
         "members": [{"job": j, "role": r, "processes": n} for j, r, n in snapshot.members],
         "problems": list(snapshot.problems),
+        "process_events": snapshot.process_events,
+        "processes_from": snapshot.processes_from,
+        "events_lost": snapshot.events_lost,
     }

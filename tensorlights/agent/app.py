@@ -4,8 +4,9 @@ passed down; the reconcile loop runs on the main thread.
 Lifecycle:
   start   config validated (exit 2 on error, nothing programmed) -> interface checked ->
           servers bound -> first pass -> READY=1
-  loop    one pass every scan_interval, woken early when the light is due to move; WATCHDOG=1
-          after every pass that completed (the loop is alive), /healthz from successful passes
+  loop    one pass every scan_interval, woken early when the light is due to move, by process
+          events, or when a poll_interval check finds discovery news; WATCHDOG=1 after every
+          pass that completed (the loop is alive), /healthz from successful passes
   errors  before the first good pass: a PermanentError is fatal (exit 1; systemd restarts
           the unit). Transient errors, and once a pass has succeeded every error: back off
           (0.5 s doubling to 10 s), resync, /healthz 503 with the reason (errors.py)
@@ -40,6 +41,7 @@ from tensorlights.daemon.sdnotify import Notifier
 from tensorlights.datapath import open_datapath
 from tensorlights.datapath.dataplane import Dataplane
 from tensorlights.datapath.watch import KernelWatcher
+from tensorlights.discovery.proc_events import EventsUnavailable, ProcessWatcher, ProcEvents
 from tensorlights.discovery.scanner import Scanner
 from tensorlights.errors import PermanentError, TensorLightsError
 from tensorlights.telemetry.sampler import TelemetrySampler
@@ -74,6 +76,7 @@ class AgentApp:
         self._stop = threading.Event()
         self._reload = threading.Event()
         self._wake = threading.Event()
+        self._polling_reason = ""
 
     # Signals ---------------------------------------------------------------------------
 
@@ -114,7 +117,10 @@ class AgentApp:
             dataplane.set_pods(config.pod_shaping)
             setup.callback(dataplane.set_pods, False)
             self.metrics.dscp_enabled.set(dataplane.marking)
-            scanner = Scanner(config.rules)
+            events = self._process_events(config)
+            if events is not None:
+                setup.callback(events.stop)
+            scanner = Scanner(config.rules, events=events, polling_reason=self._polling_reason)
             setup.callback(scanner.close)
             sampler = self._sampler(config)
             loads = (lambda: sampler.loads(self.config.link_rate_bps or 1)) if sampler else dict
@@ -152,7 +158,7 @@ class AgentApp:
         )
         self.metrics.controller_connected.set(0)
         self.metrics.controller_configured.set(0 if config.standalone else 1)
-        for part in (metrics_server, status_server, sampler, link, watcher):
+        for part in (metrics_server, status_server, sampler, link, watcher, events):
             if part is not None:
                 part.start()
         log.info(
@@ -180,6 +186,8 @@ class AgentApp:
             if sampler is not None:
                 sampler.stop()
             watcher.close()
+            if events is not None:
+                events.stop()
             for server in (status_server, metrics_server, scanner, dataplane, self.notifier):
                 server.close()
         return code
@@ -193,6 +201,19 @@ class AgentApp:
                 log.info("leaving the shaping on %s for the next start", self.config.interface)
         except TensorLightsError as exc:
             log.error("could not restore %s: %s", self.config.interface, exc)
+
+    def _process_events(self, config: AgentConfig) -> ProcessWatcher | None:
+        """The kernel's process events, or None (discovery polls /proc; the status says why)."""
+        if not config.process_events:
+            self._polling_reason = "process_events = false"
+            return None
+        try:
+            events = ProcEvents.open()
+        except EventsUnavailable as exc:
+            self._polling_reason = f"process events unavailable: {exc}"
+            log.warning("process events unavailable, polling /proc instead: %s", exc)
+            return None
+        return ProcessWatcher(events, self._wake.set, config.poll_interval_s)
 
     def _sampler(self, config: AgentConfig) -> TelemetrySampler | None:
         if not config.telemetry_enabled:

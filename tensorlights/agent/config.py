@@ -210,7 +210,26 @@ class AgentConfig:
         "--on-stop",
     )
     scan_interval_s: float = spec.duration_param(
-        "scan_interval", "Discovery and reconcile cadence.", 0.25, low=0.01, high=60.0
+        "scan_interval",
+        "Full discovery scan and reconcile cadence (re-reads every PS's sockets).",
+        1.0,
+        low=0.01,
+        high=60.0,
+    )
+    poll_interval_s: float = spec.duration_param(
+        "poll_interval",
+        "Cheap checks between scans: descriptors of young PS processes (a new port), and "
+        "without process events new PIDs; a change makes the scan at once.",
+        0.1,
+        low=0.01,
+        high=60.0,
+    )
+    process_events: bool = spec.flag_param(
+        "process_events",
+        "Learn new and exited processes from the kernel's process connector instead of "
+        "listing /proc (needs the host's PID namespace; else the agent polls and says why).",
+        True,
+        "--process-events/--no-process-events",
     )
     resync_interval_s: float = spec.duration_param(
         "resync_interval",

@@ -82,8 +82,22 @@ class AgentLoop:
                 self._out.notifier.send(READY="1", STATUS=f"reconciling {self.config.interface}")
                 ready = True
             self._out.notifier.send(WATCHDOG="1")
-            wake.wait(wait_s)
+            self._wait(wait_s, stop, wake)
             wake.clear()
+
+    def _wait(self, wait_s: float, stop: threading.Event, wake: threading.Event) -> None:
+        """Until the next pass is due, a wake-up (process events, a plan, a signal), or, polled
+        every poll_interval while discovery wants it, discovery has news."""
+        deadline = self._clock() + wait_s
+        while not stop.is_set():
+            left = deadline - self._clock()
+            if left <= 0:
+                return
+            polls = self._backoff_s == 0 and self.reconciler.discovery_polls()
+            if wake.wait(min(left, self.config.poll_interval_s) if polls else left):
+                return
+            if polls and self._clock() < deadline and self.reconciler.discovery_changed():
+                return
 
     def step(self) -> float:
         """One pass with its error handling; how long to wait before the next."""

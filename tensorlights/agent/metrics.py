@@ -112,6 +112,29 @@ class AgentMetrics:
             "(NaN under other policies).",
             registry=registry,
         )
+        self.process_events = Gauge(
+            "tensorlights_discovery_process_events",
+            "1 when new processes are learned from the kernel's process events; 0 when "
+            "discovery lists /proc (the status says why).",
+            registry=registry,
+        )
+        self.events_lost = Counter(
+            "tensorlights_discovery_events_lost",
+            "Times the kernel dropped process events (each made discovery list /proc).",
+            registry=registry,
+        )
+        self.hw_tc_offload = Gauge(
+            "tensorlights_interface_hw_tc_offload",
+            "The interface's hw-tc-offload feature: 0 not offered (or no answer), 1 offered "
+            "and off, 2 on.",
+            registry=registry,
+        )
+        self.datapath_offloaded = Gauge(
+            "tensorlights_datapath_offloaded",
+            "1 when the HTB tree runs on the NIC; 0 in the kernel's software HTB (always, "
+            "today: docs/design.md says why).",
+            registry=registry,
+        )
         self.dscp_enabled = Gauge(
             "tensorlights_dscp_marking_enabled",
             "1 when PS packets are DSCP-marked with their band; 0 when marking is off.",
@@ -171,6 +194,14 @@ class AgentMetrics:
         self.ps_processes.set(len(result.snapshot.tasks))
         self.problems.set(len(result.snapshot.problems))
         self.untrusted.set(len(result.snapshot.untrusted))
+        self.process_events.set(1 if result.snapshot.process_events else 0)
+        offload = result.offload
+        self.hw_tc_offload.set(
+            0 if offload is None else 2 if offload.enabled else int(offload.offered)
+        )
+        self.datapath_offloaded.set(0)
+        lost_before = previous.snapshot.events_lost if previous is not None else 0
+        self.events_lost.inc(max(0, result.snapshot.events_lost - lost_before))
         green_before, green_for = None, 0.0
         if previous is not None and previous.plan.green is not None:
             green_before, green_for = previous.plan.green, result.at - previous.at

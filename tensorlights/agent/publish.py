@@ -1,5 +1,5 @@
 """What the loop publishes after each pass: an immutable record of it, from which the status
-is built when someone asks (the loop runs 4 times a second; `status` rarely)."""
+is built when someone asks (the loop runs a pass or more a second; `status` rarely)."""
 
 from __future__ import annotations
 
@@ -20,6 +20,7 @@ from tensorlights.agent.status import (
     Shaping,
     TelemetryView,
 )
+from tensorlights.datapath.offload import datapath_path
 from tensorlights.discovery.trust import JobVoucher
 from tensorlights.model import Mode
 from tensorlights.policy.bands import PackView
@@ -79,6 +80,7 @@ def build_status(record: PassRecord, live: LiveParts) -> AgentStatus:
                 **snapshot_view(result.snapshot),
                 "vouchers": [_voucher(v) for v in result.vouchers],
             },
+            datapath=datapath_path(config.interface, result.offload),
             light=Light(
                 green=plan.green,
                 green_since=wall(plan.green_since),

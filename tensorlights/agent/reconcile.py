@@ -15,6 +15,7 @@ from dataclasses import dataclass, field, replace
 from tensorlights.agent.config import AgentConfig
 from tensorlights.datapath.dataplane import Dataplane
 from tensorlights.datapath.htb import PlannedChange
+from tensorlights.datapath.offload import HwTcOffload, read_hw_tc_offload
 from tensorlights.discovery.rules import DiscoveryRules
 from tensorlights.discovery.scanner import Scanner
 from tensorlights.discovery.trust import JobVoucher
@@ -47,6 +48,8 @@ class PassResult:
     """What the controller vouched for on this host when the pass ran."""
     pods: bool = False
     """Pod shaping was on: PS tasks in other network namespaces are this host's pods."""
+    offload: HwTcOffload | None = None
+    """The interface's hw-tc-offload feature, as read at the last full resync."""
 
 
 def desired_spec(
@@ -119,6 +122,7 @@ class Reconciler:
         self._next_resync = float("-inf")
         self._fifo_cleared = False
         self._scanned: tuple[float, DiscoverySnapshot] | None = None
+        self._offload: HwTcOffload | None = None
         self._vouchers: tuple[JobVoucher, ...] = ()
         """The controller's word on the jobs here (discovery/trust.py); kept while it is away."""
 
@@ -149,6 +153,14 @@ class Reconciler:
         self.config = config
         self.force_resync()
 
+    def discovery_polls(self) -> bool:
+        """Whether the loop should ask `discovery_changed` every poll_interval between passes."""
+        return self._scanner.polls()
+
+    def discovery_changed(self) -> bool:
+        """Cheap: discovery has news, so a pass now would scan (scanner.changed)."""
+        return self._scanner.changed()
+
     def force_resync(self) -> None:
         """Read the kernel back at the next pass (after errors, reloads, link changes)."""
         self._written = None
@@ -157,8 +169,13 @@ class Reconciler:
 
     def run_pass(self) -> PassResult:
         now = self._clock()
-        # A pass woken early for the light's slot boundary reuses a fresh enough scan.
-        if self._scanned is not None and now - self._scanned[0] < self.config.scan_interval_s / 2:
+        # A pass woken early for the light's slot boundary reuses a fresh enough scan, unless
+        # discovery has news (then it was woken for them).
+        if (
+            self._scanned is not None
+            and now - self._scanned[0] < self.config.scan_interval_s / 2
+            and not self._scanner.changed()
+        ):
             snapshot = self._scanned[1]
         else:
             snapshot = self._scanner.scan()
@@ -179,6 +196,7 @@ class Reconciler:
             if full:
                 ops = self._dataplane.apply(spec)
                 self._next_resync = now + self.config.resync_interval_s
+                self._offload = read_hw_tc_offload(self.config.interface)
             elif spec != self._written:
                 ops = self._dataplane.rotate(spec)
             self._written = spec
@@ -195,6 +213,7 @@ class Reconciler:
             pack=self._policy.local.pack_view() if self.config.policy is PolicyName.PACK else None,
             vouchers=self._vouchers,
             pods=self.config.pod_shaping,
+            offload=self._offload,
         )
 
     def dry_run(self) -> tuple[BandPlan, DatapathSpec | None, PlannedChange | None]:

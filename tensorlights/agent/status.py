@@ -70,6 +70,8 @@ class Shaping:
     discovery: Mapping[str, Any]
     """The discovery snapshot as `discover --json` shows it (views.snapshot_view)."""
     light: Light
+    datapath: str = ""
+    """The path the HTB tree runs on, and the NIC's hw-tc-offload (datapath/offload.py)."""
 
 
 @dataclass(frozen=True)
@@ -141,6 +143,7 @@ class AgentStatus:
                 mode=shaping.mode.value,
                 plan_generation=shaping.plan_generation,
                 discovery=shaping.discovery,
+                datapath=shaping.datapath,
             )
             document["rotations"].update(asdict(shaping.light))
         if self.telemetry is not None:
@@ -173,6 +176,7 @@ class AgentStatus:
                     rotations.get("next"),
                     rotations.get("next_at"),
                 ),
+                datapath=document.get("datapath", ""),
             )
         telemetry = None
         if "telemetry" in document:

@@ -308,6 +308,10 @@ def status(socket_path: Path, as_json: bool) -> None:
         console.print(
             literal(f"the controller vouches for {voucher['job']} ({voucher['source']}: {vouched})")
         )
+    if shaping is not None and shaping.datapath:
+        console.print(literal(f"datapath: {shaping.datapath}"))
+    if discovery.get("processes_from"):
+        console.print(literal(f"processes found from: {discovery['processes_from']}"))
     for problem in discovery.get("problems", []):
         console.print(Text("warning:", style="yellow"), literal(problem))
     if status.last_error:

@@ -1,22 +1,32 @@
 """Incremental discovery: parameter-server processes, their jobs, and their TCP sockets.
 
 Each scan:
-1. lists PIDs; a PID not seen before is inspected once (environment, command line, cgroup) and
-   classified by `rules.identify`; its verdict is cached under (pid, start time);
-2. re-checks young unclassified processes every scan (a launcher forks, then exec()s the PS:
-   the first look may see the launcher) and every process once per `full_sweep_s` (exec() of
-   an old process; a PID reused between two scans);
+1. learns which processes are new: from the kernel's process events when the agent has them
+   (proc_events.py: the PIDs forked, exec()ed or exited since the last scan), else by listing
+   /proc. A process not seen before, or exec()ed since, is inspected once (environment,
+   command line, cgroup) and classified by `rules.identify`; its verdict is cached under
+   (pid, start time);
+2. without events, re-checks young unclassified processes every scan (a launcher forks, then
+   exec()s the PS: the first look may see the launcher); every process is re-checked once per
+   sweep (`full_sweep_s`; with events, a safety sweep every `EVENTS_SWEEP_S`, and at once
+   after the kernel dropped events): exec() of an old process, a PID reused between scans;
 3. children of a PS that identify as nothing themselves belong to its job (sticky: they stay
    in it after the PS exits and they are re-parented);
 4. reads the socket inodes of every PS process's file table (a descriptor number already seen
    is re-read once per `socket_refresh_s`; new numbers at once), then one inet_diag dump per
    network namespace that holds a PS (skipped while no new inode appeared, up to
-   `socket_refresh_s`), and joins them by inode. A new socket is a new descriptor number,
+   `dump_refresh_s`), and joins them by inode. A new socket is a new descriptor number,
    unless it reuses a number closed since the last scan: then it is seen within
    `socket_refresh_s` (1 s); connections accepted on a known listener share its port anyway.
    A socket is attributed only if a process whose (pid, start time) was verified after
    reading its descriptors holds it, so a port taken over by another process, or a reused
    PID, is never the old job's.
+
+Between scans, `changed()` tells cheaply whether one is due now: events arrived, a PS younger
+than `YOUNG_PS_S` opened or closed a descriptor, or, until it listens, holds another set of
+socket inodes (its listen() is how a new job's port becomes known), a socket was still
+unbound at the last dump; without events, the PIDs listed differ or a young process
+exec()ed. The agent asks it every `poll_interval` while `polls()`.
 """
 
 from __future__ import annotations
@@ -25,8 +35,9 @@ import os
 import time
 from collections.abc import Callable, Iterable
 from dataclasses import dataclass, replace
-from typing import Literal
+from typing import Any, Literal
 
+from tensorlights.discovery.proc_events import ProcessWatcher
 from tensorlights.discovery.procfs import ProcessGone, ProcessHidden, ProcFs, ProcKey
 from tensorlights.discovery.rules import DiscoveryRules, Identity, ProcessFacts, identify
 from tensorlights.discovery.sockdiag import SockDiag, TcpSocket, TcpState
@@ -36,6 +47,12 @@ from tensorlights.errors import TensorLightsError, TransientError
 from tensorlights.model import DiscoverySnapshot, PsConnection, PsTask
 
 MAX_PARENT_DEPTH = 64
+EVENTS_SWEEP_S = 30.0
+"""With process events, every process is re-checked this often anyway (a safety net)."""
+YOUNG_PS_S = 30.0
+"""A PS this new has its descriptors checked every poll: a framework opens its listening
+socket seconds after exec() (imports, rendezvous), and a new job's port should be known
+within a poll, not a scan."""
 
 _FdRead = set[int] | Literal["gone", "hidden"]
 
@@ -61,6 +78,8 @@ class _Entry:
     fds_fresh_until: float = float("-inf")
     pidfd: int | None = None
     """Open while it is a PS: tells race-free whether this very process has exited."""
+    found_at: float = 0.0
+    """When (scanner clock) it was inspected: a PS is young for YOUNG_PS_S after."""
 
 
 @dataclass(frozen=True)
@@ -68,6 +87,9 @@ class _Dump:
     wanted: frozenset[int]
     found: dict[int, TcpSocket]
     at: float
+    unbound_new: bool = False
+    """An inode first asked about in this dump was not found (a socket not yet listening or
+    connected, or not TCP): dumped again at the next scan, once."""
 
 
 @dataclass(frozen=True)
@@ -89,8 +111,18 @@ class Scanner:
         exec_grace_s: float = 3.0,
         full_sweep_s: float = 5.0,
         socket_refresh_s: float = 1.0,
+        dump_refresh_s: float = 10.0,
+        events: ProcessWatcher | None = None,
+        polling_reason: str = "process events not asked for",
     ) -> None:
         self.rules = rules
+        self.events = events
+        """The kernel's process events; None: /proc is listed every scan."""
+        self._polling_reason = polling_reason
+        self._ps_entries: list[_Entry] = []
+        """The PS processes as of the last scan (what `changed()` looks at)."""
+        self._listed: set[int] = set()
+        """The PIDs of the last listing of /proc (polling only)."""
         self._spank = SpankRecords(rules.slurm_spank_dir)
         self._proc = procfs or ProcFs()
         self._clock = clock
@@ -99,6 +131,7 @@ class Scanner:
         self._entries: dict[int, _Entry] = {}
         self._last_sweep = float("-inf")
         self._socket_refresh_s = socket_refresh_s
+        self._dump_refresh_s = dump_refresh_s
         self._diag: dict[int, SockDiag] = {}
         self._dumped: dict[int, _Dump] = {}
         self.agent_netns = self._proc.netns_inode("self")
@@ -122,6 +155,7 @@ class Scanner:
         self._spank = SpankRecords(rules.slurm_spank_dir)
         for pid in list(self._entries):
             self._forget(pid)
+        self._last_sweep = float("-inf")  # every process, not only those events name
 
     def _forget(self, pid: int) -> None:
         entry = self._entries.pop(pid, None)
@@ -130,30 +164,107 @@ class Scanner:
 
     # The scan --------------------------------------------------------------------------
 
+    def polls(self) -> bool:
+        """Whether `changed()` is worth asking between scans: without events, or while a PS
+        is young."""
+        if self.events is None:
+            return True
+        horizon = self._clock() - YOUNG_PS_S
+        return any(e.found_at > horizon for e in self._ps_entries)
+
+    def changed(self) -> bool:
+        """Whether a scan now would find something the last one did not. Cheap: no socket
+        dump; a file table is read only for a young PS that has not listened yet."""
+        if any(dump.unbound_new for dump in self._dumped.values()):
+            return True
+        if self.events is not None:
+            if self.events.pending():
+                return True
+        else:
+            try:
+                if set(self._proc.pids()) != self._listed:
+                    return True
+            except OSError:
+                return True
+            now = self._clock()
+            for entry in list(self._entries.values()):
+                if entry.identity is None and entry.young_until > now and not entry.hidden:
+                    try:
+                        if self._proc.cmdline_bytes(entry.key.pid) != entry.cmdline:
+                            return True
+                    except (ProcessGone, ProcessHidden):
+                        return True
+        now = self._clock()
+        for entry in self._ps_entries:
+            if entry.found_at <= now - YOUNG_PS_S or entry.fds is None:
+                continue
+            try:
+                if self._awaits_listener(entry, now):
+                    fds = self._proc.fd_sockets(entry.key.pid)
+                    if set(fds.values()) != set(entry.fds.values()):
+                        return True
+                elif self._proc.fd_count(entry.key.pid) != len(entry.fds):
+                    return True
+            except (ProcessGone, ProcessHidden):
+                return True
+        return False
+
+    @staticmethod
+    def _awaits_listener(entry: _Entry, now: float) -> bool:
+        """A young PS that has not listened yet: its descriptors are read whole every time,
+        not by count (a process starting up closes files as fast as it opens sockets, and
+        a socket may take the number of a file just closed)."""
+        listening = entry.last_sockets is not None and entry.last_sockets[0]
+        return not listening and entry.found_at > now - YOUNG_PS_S
+
     def scan(self) -> DiscoverySnapshot:
         now = self._clock()
-        pids = set(self._proc.pids())
-        for pid in self._entries.keys() - pids:
-            self._forget(pid)
+        changes = self.events.take() if self.events is not None else None
+        sweep_s = self._full_sweep_s if changes is None else EVENTS_SWEEP_S
+        full_sweep = now - self._last_sweep >= sweep_s or (changes is not None and changes.lost)
         changed: list[_Entry] = []
-        for pid in sorted(pids - self._entries.keys()):
-            changed.extend(self._inspect(pid, now))
-        full_sweep = now - self._last_sweep >= self._full_sweep_s
+        if changes is None or full_sweep:
+            pids = set(self._proc.pids())
+            self._listed = pids
+            for pid in self._entries.keys() - pids:
+                self._forget(pid)
+            for pid in sorted(pids - self._entries.keys()):
+                changed.extend(self._inspect(pid, now))
+        else:
+            for pid in changes.exited:
+                self._forget(pid)
+            for pid in sorted(changes.started):  # forked, or exec()ed: inspected afresh
+                self._forget(pid)
+                changed.extend(self._inspect(pid, now))
         if full_sweep:
             self._last_sweep = now
         for entry in list(self._entries.values()):
             if full_sweep:
                 changed.extend(self._recheck(entry, now))
-            elif entry.identity is None and entry.young_until > now:
+            elif changes is None and entry.identity is None and entry.young_until > now:
                 changed.extend(self._recheck_exec(entry, now))
         self._inherit(self._entries.values() if full_sweep else changed)
         tasks = self._collect_tasks()
+        self._ps_entries = [entry for entry in self._entries.values() if _is_ps(entry)]
         return DiscoverySnapshot(
             tasks=tuple(sorted(tasks, key=lambda task: (task.job, task.pid))),
             members=self._members(),
             problems=self._problems(),
             untrusted=tuple(sorted(pid for pid, e in self._entries.items() if e.untrusted)),
+            **self._process_source(),
         )
+
+    def _process_source(self) -> dict[str, Any]:
+        events = self.events
+        if events is None:
+            return {"processes_from": f"listing /proc ({self._polling_reason})"}
+        if not events.working:
+            return {"processes_from": f"listing /proc ({events.error})"}
+        return {
+            "process_events": True,
+            "processes_from": f"process events ({events.events.where})",
+            "events_lost": events.lost_total,
+        }
 
     def _inspect(self, pid: int, now: float) -> list[_Entry]:
         try:
@@ -174,6 +285,7 @@ class Scanner:
             ppid=stat.ppid,
             cmdline=cmdline,
             young_until=now + self._exec_grace_s - self._proc.age(stat.key),
+            found_at=now,
         )
         if cmdline:  # kernel threads have none, and no environment to read
             try:
@@ -309,7 +421,8 @@ class Scanner:
             if entry.pidfd is None:
                 entry.pidfd = self._proc.pidfd(entry.key)
             now = self._clock()
-            trusted = entry.fds if now < entry.fds_fresh_until else None
+            fresh = now < entry.fds_fresh_until and not self._awaits_listener(entry, now)
+            trusted = entry.fds if fresh else None
             if trusted is not None and self._proc.fd_count(pid) == len(trusted):
                 fds = trusted  # same count within the refresh period: nothing opened
             else:
@@ -337,18 +450,25 @@ class Scanner:
 
         The kernel's dump walks its whole TCP hash table (~2 ms even when few sockets match),
         so it is skipped while the PS processes hold no socket inode that the last dump was
-        not asked about, for at most `socket_refresh_s`: a socket's ports never change once
-        it is bound, and a new socket is a new inode. The refresh catches a socket that was
-        still unbound at the last dump and has started to listen or connect since."""
+        not asked about, for at most `dump_refresh_s`: a socket's ports never change once
+        it is bound, and a new socket is a new inode. A new inode the dump did not find (a
+        socket between socket() and listen() or connect(), or not TCP) is asked about again
+        at the next scan; the refresh catches one that stayed unbound longer than that."""
         now = self._clock()
         last = self._dumped.get(netns)
-        if last is not None and wanted <= last.wanted and now - last.at < self._socket_refresh_s:
+        if (
+            last is not None
+            and not last.unbound_new
+            and wanted <= last.wanted
+            and now - last.at < self._dump_refresh_s
+        ):
             return {inode: last.found[inode] for inode in wanted if inode in last.found}
         for attempt in range(2):
             try:
                 diag = self._diag_for(netns, pids)
                 found = {sock.inode: sock for sock in diag.tcp_sockets(wanted)}
-                self._dumped[netns] = _Dump(frozenset(wanted), found, now)
+                new = wanted - last.wanted if last is not None else wanted
+                self._dumped[netns] = _Dump(frozenset(wanted), found, now, bool(new - found.keys()))
                 return found
             except TransientError:
                 if attempt:
@@ -440,3 +560,7 @@ class Scanner:
                 "root or with CAP_SYS_PTRACE and CAP_DAC_READ_SEARCH to see their jobs"
             )
         return tuple(sorted(problems))
+
+
+def _is_ps(entry: _Entry) -> bool:
+    return entry.identity is not None and entry.identity.is_ps

@@ -54,10 +54,15 @@ class Holder:
 
     def listen_more(self) -> int:
         """Make the process open one more listener now; its port."""
+        return int(self.listen_more_report()["listen_port"])
+
+    def listen_more_report(self) -> dict[str, Any]:
+        """Make the process open one more listener now; its listen_port and listened_at."""
         assert self.proc.stdin is not None and self.proc.stdout is not None
         self.proc.stdin.write("listen\n")
         self.proc.stdin.flush()
-        return int(json.loads(self.proc.stdout.readline())["listen_port"])
+        reply: dict[str, Any] = json.loads(self.proc.stdout.readline())
+        return reply
 
     def stop(self) -> None:
         if self.proc.poll() is None:

@@ -15,7 +15,7 @@ from typing import Any
 import pytest
 
 from tensorlights.testbed import netns, traffic
-from tensorlights.testbed.socket_holder import clean_env
+from tensorlights.testbed.socket_holder import clean_env, start_holder
 
 from ..functional.tcutil import root_qdisc, sink_result, start_sink
 from .agentproc import AgentProcess, assert_light_rotates, dominant_slots, metric
@@ -66,6 +66,9 @@ def test_agent_finds_tf_jobs_shapes_the_link_and_rotates_the_light(
     cli = [sys.executable, "-m", "tensorlights.cli.agent", "status", "--socket", str(agent.socket)]
     shown = subprocess.run(cli, capture_output=True, text=True, check=True, env=clean_env())
     assert "green:" in shown.stdout and all(job in shown.stdout for job in document["bands"])
+    # In its namespace the agent still gets the kernel's process events (through kthreadd's).
+    assert document["discovery"]["process_events"]
+    assert "processes found from: process events (/proc/2/ns/net)" in shown.stdout
     as_json = subprocess.run([*cli, "--json"], capture_output=True, text=True, check=True)
     assert set(json.loads(as_json.stdout)["bands"]) == set(document["bands"])
 
@@ -93,12 +96,46 @@ def test_agent_finds_tf_jobs_shapes_the_link_and_rotates_the_light(
         time.time() - metric(text, "tensorlights_last_successful_reconcile_timestamp_seconds") < 5
     )
     assert metric(text, "tensorlights_controller_connected") == 0
+    assert metric(text, "tensorlights_discovery_process_events") == 1
+    assert metric(text, "tensorlights_datapath_offloaded") == 0  # a veth offers no offload
+    assert metric(text, "tensorlights_interface_hw_tc_offload") == 0
+    assert document["datapath"] == "software HTB (veth-a offers no hw-tc-offload)"
     for secret in ("TF_CONFIG", "traffic", "python", "pid="):
         assert secret not in text
     assert agent.http("/healthz")[0] == 200
 
     assert agent.stop() == 0  # SIGTERM: clean stop, interface restored
     assert root_qdisc(pair.a.ns, "veth-a")["kind"] == "noqueue"
+
+
+@pytest.mark.parametrize("events", ["on", "off"])
+def test_a_ps_started_after_the_agent_is_shaped_at_once(
+    pair: netns.HostPair, agents: list[AgentProcess], tmp_path: Path, events: str
+) -> None:
+    """With process events (the default) or listing /proc: a PS that starts, then listens
+    only later, has its port shaped within a few polls; its exit drops the job."""
+    flags = ["--policy", "rotate"] + ([] if events == "on" else ["--no-process-events"])
+    agent = AgentProcess(pair, tmp_path, *flags)
+    agents.append(agent)
+    agent.wait_status(lambda d: "last_pass" in d)  # it has scanned once: the PS comes after
+    env = {"TENSORLIGHTS_JOB": "late", "TENSORLIGHTS_ROLE": "ps"}
+    script = f"sleep 2; exec {sys.executable} -m tensorlights.testbed.socket_holder"
+    holder = start_holder(env, "--host", pair.a.ipv4, prefix=pair.a.exec_args("sh", "-c", script))
+    try:
+        port = holder.report["listen_port"]
+        document = agent.wait_status(lambda d: [port] in d["discovery"]["job_ports"].values())
+        latency = time.monotonic() - holder.report["listened_at"]
+        # Generous for a loaded CI machine; bench_agent.py measures it (median ~50 ms).
+        assert latency < 1.0, latency
+    finally:
+        holder.stop()
+    agent.wait_status(lambda d: "late" not in d["discovery"]["job_ports"])
+    source = document["discovery"]["processes_from"]
+    if events == "on":
+        assert document["discovery"]["process_events"] and source.startswith("process events")
+    else:
+        assert not document["discovery"]["process_events"]
+        assert source == "listing /proc (process_events = false)"
 
 
 def test_sigkill_and_restart_under_load_adopts_without_resets(

@@ -10,6 +10,7 @@ from pathlib import Path
 
 import pytest
 
+from tensorlights.discovery.proc_events import ProcessWatcher, ProcEvents
 from tensorlights.discovery.procfs import ProcessGone, ProcFs, ProcKey
 from tensorlights.discovery.rules import DiscoveryRules, OperatorRule, ProcessFacts
 from tensorlights.discovery.trust import TRUST_ANY
@@ -26,6 +27,21 @@ from .holders import (
     start_holder,
     tf_config,
 )
+
+
+@pytest.fixture(params=["polling", "events"])
+def events(request: pytest.FixtureRequest) -> Iterator[ProcessWatcher | None]:
+    """Discovery as without process events (listing /proc) and as with them (the agent's
+    default): tests taking this fixture run both ways."""
+    if request.param == "polling":
+        yield None
+        return
+    watcher = ProcessWatcher(ProcEvents.open(), lambda: None)
+    watcher.start()
+    try:
+        yield watcher
+    finally:
+        watcher.stop()
 
 
 def task_of(snapshot: DiscoverySnapshot, pid: int) -> PsTask | None:
@@ -108,10 +124,10 @@ def test_operator_rule_names_the_job_from_the_command_line() -> None:
         assert (task.job, task.source) == ("legacy-2", "rule:legacy")
 
 
-def test_sockets_of_a_child_process_belong_to_the_ps_job() -> None:
+def test_sockets_of_a_child_process_belong_to_the_ps_job(events: ProcessWatcher | None) -> None:
     rule = OperatorRule(name="by-env", role="ps", job="parent-job", env={"PS_MARK": "1"})
     rules = DiscoveryRules(operator_rules=(rule,), trust=TRUST_ANY)
-    with holders() as start, new_scanner(rules) as scanner:
+    with holders() as start, new_scanner(rules, events=events) as scanner:
         # The child execs without PS_MARK: only its parentage tells it is part of the PS.
         holder = start({"PS_MARK": "1"}, "--child", "--child-unset", "PS_MARK")
         child_ports = {holder.report["child_listen_port"]}
@@ -128,12 +144,14 @@ def test_sockets_of_a_child_process_belong_to_the_ps_job() -> None:
         assert snapshot.job_ports()["parent-job"] >= child_ports | holder.ports
 
 
-def test_ps_that_execs_after_a_launcher_fork_is_found_quickly() -> None:
+def test_ps_that_execs_after_a_launcher_fork_is_found_quickly(
+    events: ProcessWatcher | None,
+) -> None:
     script = (
         "sleep 0.3; exec env TENSORLIGHTS_JOB=late TENSORLIGHTS_ROLE=ps "
         f"{sys.executable} -m tensorlights.testbed.socket_holder"
     )
-    with new_scanner() as scanner:
+    with new_scanner(events=events) as scanner:
         scanner.scan()
         holder = start_holder({}, prefix=["sh", "-c", script])
         try:
@@ -144,9 +162,9 @@ def test_ps_that_execs_after_a_launcher_fork_is_found_quickly() -> None:
             holder.stop()
 
 
-def test_new_socket_of_a_known_ps_is_found() -> None:
+def test_new_socket_of_a_known_ps_is_found(events: ProcessWatcher | None) -> None:
     """Descriptor caching must not hide a socket opened after the PS was first seen."""
-    with holders() as start, new_scanner() as scanner:
+    with holders() as start, new_scanner(events=events) as scanner:
         holder = start({"TENSORLIGHTS_JOB": "j", "TENSORLIGHTS_ROLE": "ps"}, "--connections", "2")
         scan_until(scanner, has_ports(holder))
         for _ in range(3):
@@ -172,8 +190,10 @@ def test_malformed_launcher_environment_is_reported_not_ignored() -> None:
         assert "TF_CONFIG is malformed" in line
 
 
-def test_port_taken_over_by_another_process_is_never_the_old_jobs() -> None:
-    with holders() as start, new_scanner() as scanner:
+def test_port_taken_over_by_another_process_is_never_the_old_jobs(
+    events: ProcessWatcher | None,
+) -> None:
+    with holders() as start, new_scanner(events=events) as scanner:
         ps = start({"TENSORLIGHTS_JOB": "old", "TENSORLIGHTS_ROLE": "ps"})
         port = ps.report["listen_port"]
         scan_until(scanner, has_ports(ps))
@@ -187,10 +207,10 @@ def test_port_taken_over_by_another_process_is_never_the_old_jobs() -> None:
 
 
 @pytest.mark.root
-def test_reused_pid_is_a_different_process() -> None:
+def test_reused_pid_is_a_different_process(events: ProcessWatcher | None) -> None:
     """Force the kernel to hand the PS's PID to a plain process (ns_last_pid) that then binds
     the PS's port: nothing may be attributed to the old job."""
-    with new_scanner() as scanner:
+    with new_scanner(events=events) as scanner:
         ps = start_holder({"TENSORLIGHTS_JOB": "old", "TENSORLIGHTS_ROLE": "ps"})
         try:
             scan_until(scanner, has_ports(ps))

@@ -4,6 +4,8 @@ real dataplane is tested against the kernel in tests/functional.)"""
 
 from __future__ import annotations
 
+import threading
+import time
 from dataclasses import dataclass, field, replace
 
 import pytest
@@ -70,9 +72,21 @@ class FakeScanner:
     def __init__(self, *jobs: str) -> None:
         self.jobs = list(jobs)
         self.scans = 0
+        self.news = False
+        """What `changed()` answers (process events arrived, a PS opened a socket)."""
+        self.polling = False
+        self.checks = 0
+
+    def changed(self) -> bool:
+        self.checks += 1
+        return self.news
+
+    def polls(self) -> bool:
+        return self.polling
 
     def scan(self) -> DiscoverySnapshot:
         self.scans += 1
+        self.news = False
         return DiscoverySnapshot(
             tasks=tuple(
                 PsTask(
@@ -175,6 +189,15 @@ def test_a_pass_woken_at_the_slot_boundary_reuses_a_fresh_scan() -> None:
     assert scanner.scans == 2
 
 
+def test_a_pass_woken_early_by_discovery_news_scans_again() -> None:
+    reconciler, _, scanner, clock = _reconciler()
+    reconciler.run_pass()
+    clock.now += 0.1
+    scanner.news = True  # e.g. a process exec()ed: the process events woke the loop
+    reconciler.run_pass()
+    assert scanner.scans == 2
+
+
 def test_rotate_wakes_the_loop_at_the_slot_boundary() -> None:
     reconciler, _, _, clock = _reconciler()
     result = reconciler.run_pass()
@@ -228,6 +251,31 @@ def _loop(reconciler: Reconciler, clock: Clock) -> Loop:
     board = StatusBoard()
     observers = Observers(AgentMetrics(registry), health, Notifier(None), board)
     return Loop(AgentLoop(CONFIG, reconciler, observers, clock, clock), registry, health, board)
+
+
+def _waited(scanner: FakeScanner, wait_s: float) -> tuple[float, int]:
+    """How long the loop's wait between passes took (real time), and the checks it made."""
+    reconciler, _, _, _ = _reconciler()
+    reconciler._scanner = scanner  # type: ignore[assignment]
+    loop = _loop(reconciler, Clock())
+    loop.loop._clock = time.monotonic
+    start = time.monotonic()
+    loop.loop._wait(wait_s, threading.Event(), threading.Event())
+    return time.monotonic() - start, scanner.checks
+
+
+def test_between_passes_the_loop_polls_discovery_only_while_it_asks() -> None:
+    quiet = FakeScanner("a")
+    waited, checks = _waited(quiet, 0.35)
+    assert waited >= 0.35 and checks == 0  # no polls wanted: one wait to the deadline
+    polled = FakeScanner("a")
+    polled.polling = True
+    waited, checks = _waited(polled, 0.35)
+    assert waited >= 0.35 and checks == 3  # every poll_interval (100 ms) until the deadline
+    news = FakeScanner("a")
+    news.polling = news.news = True
+    waited, checks = _waited(news, 5.0)
+    assert waited < 1.0 and checks == 1  # the first poll found news: the pass is due now
 
 
 def test_transient_errors_back_off_doubling_to_the_cap_and_recover() -> None:
