@@ -76,7 +76,6 @@ class AgentApp:
         self._stop = threading.Event()
         self._reload = threading.Event()
         self._wake = threading.Event()
-        self._polling_reason = ""
 
     # Signals ---------------------------------------------------------------------------
 
@@ -117,10 +116,10 @@ class AgentApp:
             dataplane.set_pods(config.pod_shaping)
             setup.callback(dataplane.set_pods, False)
             self.metrics.dscp_enabled.set(dataplane.marking)
-            events = self._process_events(config)
+            events, polling_reason = self._process_events(config)
             if events is not None:
                 setup.callback(events.stop)
-            scanner = Scanner(config.rules, events=events, polling_reason=self._polling_reason)
+            scanner = Scanner(config.rules, events=events, polling_reason=polling_reason)
             setup.callback(scanner.close)
             sampler = self._sampler(config)
             loads = (lambda: sampler.loads(self.config.link_rate_bps or 1)) if sampler else dict
@@ -202,18 +201,17 @@ class AgentApp:
         except TensorLightsError as exc:
             log.error("could not restore %s: %s", self.config.interface, exc)
 
-    def _process_events(self, config: AgentConfig) -> ProcessWatcher | None:
-        """The kernel's process events, or None (discovery polls /proc; the status says why)."""
+    def _process_events(self, config: AgentConfig) -> tuple[ProcessWatcher | None, str]:
+        """The kernel's process events, or None and why (discovery lists /proc; the status
+        says why)."""
         if not config.process_events:
-            self._polling_reason = "process_events = false"
-            return None
+            return None, "process_events = false"
         try:
             events = ProcEvents.open()
         except EventsUnavailable as exc:
-            self._polling_reason = f"process events unavailable: {exc}"
             log.warning("process events unavailable, polling /proc instead: %s", exc)
-            return None
-        return ProcessWatcher(events, self._wake.set, config.poll_interval_s)
+            return None, f"process events unavailable: {exc}"
+        return ProcessWatcher(events, self._wake.set, config.poll_interval_s), ""
 
     def _sampler(self, config: AgentConfig) -> TelemetrySampler | None:
         if not config.telemetry_enabled:

@@ -135,6 +135,7 @@ class AgentMetrics:
             "today: docs/design.md says why).",
             registry=registry,
         )
+        self.datapath_offloaded.set(0)
         self.dscp_enabled = Gauge(
             "tensorlights_dscp_marking_enabled",
             "1 when PS packets are DSCP-marked with their band; 0 when marking is off.",
@@ -199,7 +200,6 @@ class AgentMetrics:
         self.hw_tc_offload.set(
             0 if offload is None else 2 if offload.enabled else int(offload.offered)
         )
-        self.datapath_offloaded.set(0)
         lost_before = previous.snapshot.events_lost if previous is not None else 0
         self.events_lost.inc(max(0, result.snapshot.events_lost - lost_before))
         green_before, green_for = None, 0.0

@@ -15,7 +15,7 @@ from dataclasses import dataclass, field, replace
 from tensorlights.agent.config import AgentConfig
 from tensorlights.datapath.dataplane import Dataplane
 from tensorlights.datapath.htb import PlannedChange
-from tensorlights.datapath.offload import HwTcOffload, read_hw_tc_offload
+from tensorlights.datapath.offload import HwTcOffload
 from tensorlights.discovery.rules import DiscoveryRules
 from tensorlights.discovery.scanner import Scanner
 from tensorlights.discovery.trust import JobVoucher
@@ -196,7 +196,7 @@ class Reconciler:
             if full:
                 ops = self._dataplane.apply(spec)
                 self._next_resync = now + self.config.resync_interval_s
-                self._offload = read_hw_tc_offload(self.config.interface)
+                self._offload = self._dataplane.hw_offload(self.config.interface)
             elif spec != self._written:
                 ops = self._dataplane.rotate(spec)
             self._written = spec

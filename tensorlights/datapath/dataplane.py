@@ -17,6 +17,7 @@ from typing import Any, TypeVar
 from tensorlights.datapath.dscp import DscpMarker, OwnedTable, PodClassifier
 from tensorlights.datapath.htb import ApplyResult, HtbDatapath, LinkInfo, PlannedChange
 from tensorlights.datapath.nft import Nft
+from tensorlights.datapath.offload import HwTcOffload, read_hw_tc_offload
 from tensorlights.errors import TensorLightsError, UnsupportedKernelError
 from tensorlights.model import DatapathSpec
 from tensorlights.policy.dscp_plan import desired_dscp
@@ -115,6 +116,10 @@ class Dataplane:
 
     def class_counters(self, interface: str) -> dict[int, tuple[int, int, int]]:
         return self.tc.class_counters(interface)
+
+    def hw_offload(self, interface: str) -> HwTcOffload | None:
+        """The interface's hw-tc-offload feature (offload.py: why the tree stays software)."""
+        return read_hw_tc_offload(interface)
 
     def cleanup(self, interface: str) -> str:
         """Remove our qdisc (restoring the one before) and our nftables table; what was done.

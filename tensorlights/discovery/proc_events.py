@@ -199,9 +199,6 @@ class ProcEvents:
             "the host's PID namespace, with CAP_NET_ADMIN)"
         )
 
-    def fileno(self) -> int:
-        return self._sock.fileno()
-
     def read(self, timeout_s: float | None) -> list[ProcEvent]:
         """The events of every datagram queued now, waiting up to `timeout_s` for the first
         ([] on timeout). Raises EventsLost when the kernel dropped some."""
@@ -246,7 +243,7 @@ class ProcessWatcher:
         self.lost_total = 0
         """Times the kernel dropped events (each made the next scan list /proc)."""
         self.error = ""
-        """Why the watcher stopped reading (then every scan lists /proc)."""
+        """Why the watcher stopped reading (then the scanner lists /proc, as without it)."""
         self._last_wake = float("-inf")
         self._held = False
         """A change arrived within min_gap_s of the last wake-up: wake when the gap is over."""
@@ -268,14 +265,12 @@ class ProcessWatcher:
 
     def pending(self) -> bool:
         with self._lock:
-            return bool(self._changes) or bool(self.error)
+            return bool(self._changes)
 
     def take(self) -> ProcessChanges:
-        """What happened since the last take; `lost` while the watcher is broken."""
+        """What happened since the last take."""
         with self._lock:
             changes, self._changes = self._changes, ProcessChanges()
-        if self.error:
-            changes.lost = True
         return changes
 
     def _run(self) -> None:

@@ -167,7 +167,7 @@ class Scanner:
     def polls(self) -> bool:
         """Whether `changed()` is worth asking between scans: without events, or while a PS
         is young."""
-        if self.events is None:
+        if self._live_events() is None:
             return True
         horizon = self._clock() - YOUNG_PS_S
         return any(e.found_at > horizon for e in self._ps_entries)
@@ -177,8 +177,9 @@ class Scanner:
         dump; a file table is read only for a young PS that has not listened yet."""
         if any(dump.unbound_new for dump in self._dumped.values()):
             return True
-        if self.events is not None:
-            if self.events.pending():
+        events = self._live_events()
+        if events is not None:
+            if events.pending():
                 return True
         else:
             try:
@@ -219,7 +220,8 @@ class Scanner:
 
     def scan(self) -> DiscoverySnapshot:
         now = self._clock()
-        changes = self.events.take() if self.events is not None else None
+        events = self._live_events()
+        changes = events.take() if events is not None else None
         sweep_s = self._full_sweep_s if changes is None else EVENTS_SWEEP_S
         full_sweep = now - self._last_sweep >= sweep_s or (changes is not None and changes.lost)
         changed: list[_Entry] = []
@@ -253,6 +255,12 @@ class Scanner:
             untrusted=tuple(sorted(pid for pid, e in self._entries.items() if e.untrusted)),
             **self._process_source(),
         )
+
+    def _live_events(self) -> ProcessWatcher | None:
+        """The watcher while it reads; None without one or once it stopped (listing /proc;
+        the first listing catches up on what it missed, except an old process's exec(),
+        which the sweep finds)."""
+        return self.events if self.events is not None and self.events.working else None
 
     def _process_source(self) -> dict[str, Any]:
         events = self.events

@@ -64,6 +64,9 @@ class FakeDataplane:
         self.calls.append(("cleanup", interface))
         return f"{interface}: cleaned"
 
+    def hw_offload(self, interface: str) -> None:
+        return None  # no NIC here: the fake answers as a driver without ethtool features
+
     def names(self) -> list[str]:
         return [name for name, _ in self.calls]
 
