@@ -2,12 +2,15 @@
 """Straggler telemetry accuracy: the real agent's measured spread and iteration period against
 the workload's own log of when each worker had its parameters.
 
-Two synthetic PS jobs (TF_CONFIG) in one namespace, 3 workers each in another, pushing
---model-bytes through veth-a shaped at 200 Mbit; the agent runs with --policy fifo, then with
---policy rotate. Per policy and job: iterations in the log, matched, share of iterations whose
-spread / period is within 10% or 10 ms of the truth, and the median absolute errors. Needs root.
+Two PS jobs in one namespace, 3 workers each in another, pushing --model-bytes through veth-a
+shaped at 200 Mbit: synthetic (TF_CONFIG) or a real framework's (--workload torch-gloo,
+torch-rpc, tf-ps: launched as their launchers launch them, testbed/workloads.py); the agent
+runs with each of --policies. Per policy and job: iterations in the log, matched, share of
+iterations whose spread / period is within 10% or 10 ms of the truth, and the median absolute
+errors. --compute takes a list: one table block per compute time. Needs root.
 
     .venv/bin/python scripts/bench_telemetry.py [--iterations 30] [--model-bytes 3000000]
+    .venv/bin/python scripts/bench_telemetry.py --workload torch-gloo --compute 0.02,0.15,1
 """
 
 from __future__ import annotations
@@ -25,14 +28,9 @@ from tensorlights.agent.status import AgentStatus, read_status
 from tensorlights.errors import TransientError
 from tensorlights.telemetry.accuracy import Agreement, compare
 from tensorlights.testbed import netns
-from tensorlights.testbed.psjob import (
-    RunningJob,
-    collect_iterations,
-    start_job,
-    tf_job_id,
-    tf_launcher_env,
-)
+from tensorlights.testbed.psjob import RunningJob, collect_iterations
 from tensorlights.testbed.socket_holder import clean_env
+from tensorlights.testbed.workloads import Workload, start_workload
 
 
 def status(sock: Path) -> AgentStatus | None:
@@ -42,7 +40,9 @@ def status(sock: Path) -> AgentStatus | None:
         return None
 
 
-def run_policy(policy: str, args: argparse.Namespace) -> list[tuple[str, Agreement]]:
+def run_policy(
+    policy: str, compute: float, args: argparse.Namespace
+) -> list[tuple[str, Agreement]]:
     with netns.host_pair() as pair, tempfile.TemporaryDirectory() as workdir:
         sock = Path(workdir) / "agent.sock"
         command = [
@@ -54,6 +54,7 @@ def run_policy(policy: str, args: argparse.Namespace) -> list[tuple[str, Agreeme
         ]  # fmt: skip
         (Path(workdir) / "none.toml").write_text(
             f'[telemetry]\nsample_interval = "{args.sample_interval}"\n'
+            "[discovery]\ntorch_ps_ranks = [0]\n"  # torchrun's rank 0 is the PS
         )
         if policy == "fifo":  # nothing shapes the link otherwise: a plain 200 Mbit bottleneck
             netns.fifo_bottleneck(pair.a.ns, "veth-a", "200mbit")
@@ -63,12 +64,15 @@ def run_policy(policy: str, args: argparse.Namespace) -> list[tuple[str, Agreeme
             end = time.monotonic() + 20
             while status(sock) is None and time.monotonic() < end:
                 time.sleep(0.1)
+            workload = Workload(args.workload)
+            start_at = time.monotonic() + workload.start_up_s
             for tag in ("a", "b"):
-                jobs[tf_job_id(tag, 3)] = start_job(
-                    pair.a.exec_args(), [pair.b.exec_args()], pair.a.ipv4,
-                    clean_env(tf_launcher_env(tag, 3)),
-                    3, args.model_bytes, args.iterations, args.compute,
+                job = start_workload(
+                    workload, f"{tag}-{policy}-{compute}", pair.a, [pair.b], 3,
+                    args.model_bytes, args.iterations, compute,
+                    start_at if workload.start_up_s else None,
                 )  # fmt: skip
+                jobs[job.job] = job
             truths, measured = collect_iterations(lambda: status(sock), jobs)
         finally:
             for running in jobs.values():
@@ -101,24 +105,28 @@ def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
     parser.add_argument("--iterations", type=int, default=30)
     parser.add_argument("--model-bytes", type=int, default=3_000_000)
-    parser.add_argument("--compute", type=float, default=0.25)
+    parser.add_argument("--compute", default="0.25", help="seconds, a comma-separated list")
+    parser.add_argument("--workload", default="synthetic", choices=[w.value for w in Workload])
     parser.add_argument("--policies", default="fifo,rotate")
     parser.add_argument("--sample-interval", default="100ms")
     parser.add_argument("--verbose", action="store_true", help="every iteration, side by side")
     args = parser.parse_args()
     print(
-        "| policy | job | iterations | matched | spread within 10%/10 ms | period within"
+        f"{args.workload}, {args.model_bytes} B model, 3 workers per job\n\n"
+        "| policy | compute | job | iterations | matched | spread within 10%/10 ms | period within"
         " 10%/10 ms | median abs error spread / period ms |"
     )
-    print("|---|---|---:|---:|---:|---:|---:|")
-    for policy in args.policies.split(","):
-        for job, agreement in run_policy(policy, args):
-            print(
-                f"| {policy} | {job} | {agreement.iterations} | {agreement.matched} | "
-                f"{agreement.spread_share:.0%} | {agreement.period_share:.0%} | "
-                f"{median_ms(agreement.spread_errors)} / {median_ms(agreement.period_errors)} |",
-                flush=True,
-            )
+    print("|---|---:|---|---:|---:|---:|---:|---:|")
+    for compute in [float(c) for c in args.compute.split(",")]:
+        for policy in args.policies.split(","):
+            for job, got in run_policy(policy, compute, args):
+                errors = f"{median_ms(got.spread_errors)} / {median_ms(got.period_errors)}"
+                print(
+                    f"| {policy} | {compute * 1e3:.0f} ms | {job} | {got.iterations} | "
+                    f"{got.matched} | {got.spread_share:.0%} | {got.period_share:.0%} | "
+                    f"{errors} |",
+                    flush=True,
+                )
 
 
 if __name__ == "__main__":

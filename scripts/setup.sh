@@ -1,8 +1,9 @@
 #!/usr/bin/env bash
 # Installs what TensorLights needs on a Debian machine (run as root): system packages and a
 # virtualenv in .venv with the package. `scripts/setup.sh test` adds the test tools (and
-# PyTorch for the real PS job's test), `scripts/setup.sh bench` the report's plotting
-# and iperf3.
+# PyTorch for the real PS job's test), `scripts/setup.sh bench` the report's plotting,
+# iperf3, PyTorch for the real-framework scenarios and TensorFlow in a virtualenv of its own
+# (.venv-tf: 270 MB that nothing else needs; testbed/workloads.py runs the TF jobs with it).
 set -euo pipefail
 cd "$(dirname "$0")/.."
 extra=${1:-}
@@ -40,7 +41,11 @@ if [[ $extra == test ]]; then
   # the real PyTorch PS job's test needs it.
   .venv/bin/python -m pip install -q -e ".[test,torch]"
 elif [[ $extra == bench ]]; then
-  .venv/bin/python -m pip install -q -e ".[bench]"
+  .venv/bin/python -m pip install -q -e ".[bench,torch]"
+  if [[ ! -x .venv-tf/bin/python ]]; then
+    python3 -m venv .venv-tf
+  fi
+  .venv-tf/bin/python -m pip install -q tensorflow-cpu
 else
   .venv/bin/python -m pip install -q -e .
 fi

@@ -55,8 +55,9 @@ class Trial:
 
 
 def profile_key(job: JobSpec) -> str:
-    model, workers, compute, iterations = job.profile
-    return f"{model}B-{workers}w-{compute}s-{iterations}it"
+    workload, model, workers, compute, iterations = job.profile
+    key = f"{model}B-{workers}w-{compute}s-{iterations}it"
+    return key if workload == "synthetic" else f"{workload}-{key}"  # synthetic: the old keys
 
 
 def alone_jct(trials: Iterable[Trial]) -> dict[str, float]:

@@ -11,9 +11,11 @@ from __future__ import annotations
 
 import json
 import logging
+import queue
 import statistics
 import subprocess
 import sys
+import threading
 import time
 from collections.abc import Sequence
 from dataclasses import dataclass
@@ -27,8 +29,10 @@ from tensorlights.bench.scenarios import WORKER_HOSTS, JobSpec, Policy
 from tensorlights.errors import TransientError
 from tensorlights.testbed import netns
 from tensorlights.testbed.cluster import Cluster
-from tensorlights.testbed.psjob import RunningJob, start_job, tf_launcher_env
+from tensorlights.testbed.netns import Host
+from tensorlights.testbed.psjob import RunningJob
 from tensorlights.testbed.socket_holder import clean_env
+from tensorlights.testbed.workloads import Workload, start_workload
 
 log = logging.getLogger(__name__)
 
@@ -54,7 +58,10 @@ class Driver(Protocol):
     """What controls the PS host's egress during a run."""
 
     def start(self) -> None: ...
-    def job_started(self, index: int, port: int) -> None: ...
+    def job_started(self, index: int, port: int, job: str) -> None:
+        """Job `index` (discovery's id `job`) started; its PS listens on `port`."""
+        ...
+
     def tick(self, now: float) -> None: ...
     def stop(self) -> int:
         """Tear down; returns the qdisc rebuilds done (0 where that does not apply)."""
@@ -70,7 +77,7 @@ class FifoLink:
     def start(self) -> None:
         netns.fifo_bottleneck(self.ns, IFNAME, f"{self.rate_bps}bit")
 
-    def job_started(self, index: int, port: int) -> None:
+    def job_started(self, index: int, port: int, job: str) -> None:
         pass
 
     def tick(self, now: float) -> None:
@@ -84,15 +91,21 @@ class FifoLink:
 class LegacyTree:
     """The baselines built with `tc` (legacy_tc): per-job classes for every job of the
     scenario from the start; a job's port filter is added when its PS listens, as the
-    prototype's launcher knew its ports. `rotate_every_s` set: the original TL-RR, which
-    rebuilds the whole tree with the next job on top; unset: fair (equal priorities)."""
+    prototype's launcher knew its ports, and one for every further local port TensorLights'
+    discovery finds for the job (bench/port_feed.py in the PS host: real frameworks send from
+    ephemeral ports). `rotate_every_s` set: the original TL-RR, which rebuilds the whole tree
+    with the next job on top; unset: fair (equal priorities)."""
 
-    def __init__(self, ns: str, rate_bps: int, jobs: int, rotate_every_s: float | None) -> None:
-        self.ns, self.rate_bps, self.rotate_every_s = ns, rate_bps, rotate_every_s
+    def __init__(self, host: Host, rate_bps: int, jobs: int, rotate_every_s: float | None) -> None:
+        self.host, self.ns = host, host.ns
+        self.rate_bps, self.rotate_every_s = rate_bps, rotate_every_s
         self.ports: list[list[int]] = [[] for _ in range(jobs)]
         self.green = 0
         self.rebuilds = 0
         self.last_rebuild = 0.0
+        self.index_of: dict[str, int] = {}
+        self.found: queue.Queue[dict[str, object]] = queue.Queue()
+        self.feeder: subprocess.Popen[str] | None = None
 
     def _commands(self) -> list[list[str]]:
         if self.rotate_every_s is None:
@@ -106,12 +119,35 @@ class LegacyTree:
     def start(self) -> None:
         legacy_tc.rebuild(self.ns, self._commands())
         self.last_rebuild = time.monotonic()
+        self.feeder = subprocess.Popen(
+            self.host.exec_args(sys.executable, "-m", "tensorlights.bench.port_feed"),
+            stdout=subprocess.PIPE, text=True, env=clean_env(),
+        )  # fmt: skip
+        threading.Thread(target=self._read_feed, args=(self.feeder,), daemon=True).start()
 
-    def job_started(self, index: int, port: int) -> None:
-        self.ports[index].append(port)
-        netns.run(["tc", "-n", self.ns, *legacy_tc.port_filter(IFNAME, port, index)])
+    def _read_feed(self, feeder: subprocess.Popen[str]) -> None:
+        assert feeder.stdout is not None
+        for line in feeder.stdout:
+            self.found.put(json.loads(line))
+
+    def job_started(self, index: int, port: int, job: str) -> None:
+        self.index_of[job] = index
+        self._add_port(index, port)
+
+    def _add_port(self, index: int, port: int) -> None:
+        if port not in self.ports[index]:
+            self.ports[index].append(port)
+            netns.run(["tc", "-n", self.ns, *legacy_tc.port_filter(IFNAME, port, index)])
 
     def tick(self, now: float) -> None:
+        if self.feeder is not None and self.feeder.poll() is not None:
+            raise RuntimeError(f"the port feed exited with {self.feeder.returncode}")
+        while not self.found.empty():
+            found = self.found.get()
+            index = self.index_of.get(str(found["job"]))
+            if index is not None:
+                for port in found["ports"]:  # type: ignore[attr-defined]
+                    self._add_port(index, int(port))
         if self.rotate_every_s is None or now - self.last_rebuild < self.rotate_every_s:
             return
         self.green = (self.green + 1) % len(self.ports)
@@ -120,6 +156,9 @@ class LegacyTree:
         self.last_rebuild += self.rotate_every_s
 
     def stop(self) -> int:
+        if self.feeder is not None and self.feeder.poll() is None:
+            self.feeder.kill()
+            self.feeder.wait()
         netns.run(["tc", "-n", self.ns, "qdisc", "del", "dev", IFNAME, "root"], check=False)
         return self.rebuilds
 
@@ -136,8 +175,10 @@ class AgentOnHost:
     def start(self) -> None:
         self.workdir.mkdir(parents=True, exist_ok=True)
         # One tenant (root runs every job): the jobs' own variables are believed.
+        # torchrun's rank 0 is the PS of the real PyTorch jobs (testbed/workloads.py).
         (self.workdir / "agent.toml").write_text(
             f'starvation_window = "{self.options.starvation_window}"\ntrust = "any"\n'
+            "[discovery]\ntorch_ps_ranks = [0]\n"
         )
         sock = self.workdir / "agent.sock"
         command = [
@@ -166,7 +207,7 @@ class AgentOnHost:
             time.sleep(0.1)
         raise RuntimeError("the agent did not complete its first pass within 30 s")
 
-    def job_started(self, index: int, port: int) -> None:
+    def job_started(self, index: int, port: int, job: str) -> None:
         pass  # the agent finds the PS by itself
 
     def tick(self, now: float) -> None:
@@ -188,13 +229,13 @@ class AgentOnHost:
 def make_driver(
     policy: Policy, cluster: Cluster, jobs: int, workdir: Path, options: RunOptions
 ) -> Driver:
-    ns = cluster.hosts[PS_HOST].ns
+    host = cluster.hosts[PS_HOST]
     if policy in (Policy.FIFO, Policy.ALONE):
-        return FifoLink(ns, options.rate_bps)
+        return FifoLink(host.ns, options.rate_bps)
     if policy is Policy.FAIR:
-        return LegacyTree(ns, options.rate_bps, jobs, None)
+        return LegacyTree(host, options.rate_bps, jobs, None)
     if policy is Policy.TL_RR_ORIGINAL:
-        return LegacyTree(ns, options.rate_bps, jobs, options.original_interval_s)
+        return LegacyTree(host, options.rate_bps, jobs, options.original_interval_s)
     return AgentOnHost(cluster, workdir, policy.value, options)
 
 
@@ -215,29 +256,35 @@ def run_trial(
 ) -> Trial:
     """Run `jobs` (at their arrival offsets) to completion under `policy`; measure them."""
     ps = cluster.hosts[PS_HOST]
-    workers = [cluster.hosts[name].exec_args() for name in WORKER_HOSTS]
+    workers = [cluster.hosts[name] for name in WORKER_HOSTS]
     driver = make_driver(policy, cluster, len(jobs), workdir, options)
     running: dict[int, RunningJob] = {}
     pending = sorted(range(len(jobs)), key=lambda i: jobs[i].start_s)
+    workloads = [Workload(spec.workload) for spec in jobs]
     try:
         driver.start()
         tx_before = _tx_bytes(ps.ns)
-        started = time.monotonic()
+        # Real frameworks take seconds to import and meet: they are launched that long
+        # before their arrival and hold their first iteration until it (start_at).
+        lead = max(workload.start_up_s for workload in workloads)
+        started = time.monotonic() + lead
         deadline = started + options.timeout_s
         while pending or any(job.ps.poll() is None for job in running.values()):
             now = time.monotonic()
             if now > deadline:
                 raise RuntimeError(f"{scenario}/{policy}: jobs still running after the timeout")
-            while pending and now - started >= jobs[pending[0]].start_s:
+            while pending and now - started >= jobs[pending[0]].start_s - (
+                workloads[pending[0]].start_up_s
+            ):
                 index = pending.pop(0)
                 spec = jobs[index]
                 tag = f"{scenario}-{spec.name}-{policy}-{rep}-{cluster.run_id}"
-                running[index] = start_job(
-                    ps.exec_args(), workers, ps.ipv4,
-                    clean_env(tf_launcher_env(tag, spec.workers)), spec.workers,
-                    spec.model_bytes, spec.iterations, spec.compute_s,
+                early = workloads[index].start_up_s > 0
+                running[index] = start_workload(
+                    workloads[index], tag, ps, workers, spec.workers, spec.model_bytes,
+                    spec.iterations, spec.compute_s, started + spec.start_s if early else None,
                 )  # fmt: skip
-                driver.job_started(index, running[index].port)
+                driver.job_started(index, running[index].port, running[index].job)
             driver.tick(now)
             time.sleep(POLL_S)
         runs = []

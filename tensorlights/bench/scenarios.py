@@ -49,7 +49,8 @@ COMPARED = (
 
 @dataclass(frozen=True)
 class JobSpec:
-    """One synthetic PS job (tensorlights.testbed.psjob)."""
+    """One PS job: synthetic (tensorlights.testbed.psjob) or a real framework's
+    (testbed/workloads.py names them)."""
 
     name: str
     model_bytes: int
@@ -58,11 +59,13 @@ class JobSpec:
     iterations: int
     start_s: float = 0.0
     """Arrival, seconds after the run starts."""
+    workload: str = "synthetic"
+    """synthetic, torch-gloo, torch-rpc or tf-ps (testbed.workloads.Workload)."""
 
     @property
-    def profile(self) -> tuple[int, int, float, int]:
+    def profile(self) -> tuple[str, int, int, float, int]:
         """What determines its standalone run (arrival does not)."""
-        return (self.model_bytes, self.workers, self.compute_s, self.iterations)
+        return (self.workload, self.model_bytes, self.workers, self.compute_s, self.iterations)
 
     @property
     def pushed_bytes(self) -> int:
@@ -95,10 +98,15 @@ class Scenario:
 
 
 def _jobs(
-    count: int, model_mb: float, workers: int, compute_s: float, iterations: int
+    count: int,
+    model_mb: float,
+    workers: int,
+    compute_s: float,
+    iterations: int,
+    workload: str = "synthetic",
 ) -> tuple[JobSpec, ...]:
     return tuple(
-        JobSpec(f"j{i + 1}", int(model_mb * MB), workers, compute_s, iterations)
+        JobSpec(f"j{i + 1}", int(model_mb * MB), workers, compute_s, iterations, 0.0, workload)
         for i in range(count)
     )
 
@@ -150,6 +158,38 @@ SCENARIOS: dict[str, Scenario] = {
             "5 jobs x 2 workers, 4 MB model, 250 ms compute: two jobs fill the link, so under a "
             "fixed order the last ones wait for the first ones to finish.",
             _jobs(5, 4, 2, 0.25, 25),
+        ),
+        # Real frameworks (testbed/workloads.py): launched with their launchers' variables,
+        # found by discovery alone; --compute stands for the accelerator's step.
+        Scenario(
+            "r1",
+            "PyTorch RPC, comm-heavy, 2 jobs",
+            "2 torch.distributed.rpc (TensorPipe) PS jobs x 2 workers, 8 MB model, 100 ms "
+            "compute: each push takes 4x the compute.",
+            _jobs(2, 8, 2, 0.1, 25, "torch-rpc"),
+        ),
+        Scenario(
+            "r2",
+            "PyTorch gloo, overload, 3 jobs",
+            "3 gloo send/recv PS jobs x 2 workers, 4 MB model, 150 ms compute.",
+            _jobs(3, 4, 2, 0.15, 25, "torch-gloo"),
+        ),
+        Scenario(
+            "r3",
+            "PyTorch, mixed frameworks and model sizes",
+            "A 1 MB and a 6 MB gloo job and a 3 MB RPC job, 2 workers each, 200 ms compute.",
+            (
+                JobSpec("small", 1 * MB, 2, 0.2, 25, workload="torch-gloo"),
+                JobSpec("medium", 3 * MB, 2, 0.2, 25, workload="torch-rpc"),
+                JobSpec("large", 6 * MB, 2, 0.2, 25, workload="torch-gloo"),
+            ),
+        ),
+        Scenario(
+            "r4",
+            "TensorFlow ParameterServerStrategy, 2 jobs",
+            "2 TensorFlow PS jobs (TF_CONFIG: chief and PS on the PS host) x 2 workers, 6 MB "
+            "of variables, 150 ms compute, one step per worker per iteration.",
+            _jobs(2, 6, 2, 0.15, 25, "tf-ps"),
         ),
     )
 }

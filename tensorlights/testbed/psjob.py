@@ -123,6 +123,8 @@ class RunningJob:
     """The PS's listening port: its pushes to the workers leave from it."""
     summary: dict[str, Any] | None = None
     """The PS's JSON summary, once `received` has collected it."""
+    job: str = ""
+    """The id discovery gives its processes (set by testbed.workloads)."""
 
     def received(self, timeout: float) -> list[list[float]]:
         """Each worker's receive times, once they have finished (the PS summary is kept)."""

@@ -1,25 +1,38 @@
-"""A real PyTorch parameter-server job (gloo point-to-point), the optional extra workload.
+"""Real PyTorch parameter-server jobs: gloo point-to-point, or torch.distributed.rpc (TensorPipe).
 
     pip install -e '.[torch]'        # torch==2.13.0 exactly: a local CPU wheel on our machines
     python -m tensorlights.testbed.torchjob ps --master ADDR:PORT --workers 2 --hidden 512
     python -m tensorlights.testbed.torchjob worker --master ADDR:PORT --rank 1 --workers 2
 
+or launched as torchrun launches a script: RANK, WORLD_SIZE, MASTER_ADDR and MASTER_PORT in
+the environment stand for --rank, --workers + 1 and --master.
+
 Rank 0 is the PS: it holds a real model (an MLP, --hidden sets its size), and every
-iteration sends all its parameters to every worker at once (isend), receives every worker's
-gradient (the barrier), averages them and takes an SGD step. Workers receive the parameters,
-note when they had them all (CLOCK_MONOTONIC), run forward and backward on a random batch
-(--batch sets the compute), and send their gradient back. Same outputs as the synthetic job
-(tensorlights.testbed.psjob): the PS prints "listening PORT" once the group is up and a JSON
-summary (listening_at, finished_at) at the end; each worker prints {"received": [...]}.
+iteration sends all its parameters to every worker at once, receives every worker's gradient
+(the barrier), averages them and takes an SGD step. Workers note when they had the
+parameters (CLOCK_MONOTONIC), run forward and backward on a random batch (--batch), and send
+their gradient back. Two transports:
+  gloo  torch.distributed isend/recv of the flat parameter vector (gloo's pairs, ephemeral
+        data ports);
+  rpc   torch.distributed.rpc: the PS calls `_rpc_step(parameters)` on every worker with
+        rpc_async and waits for the gradients it returns; TensorPipe frames each message
+        (several writes per push).
+--compute S stands for an accelerator's step: the worker runs the real forward and backward,
+then waits out the rest of S (a GPU host's CPU idles while its GPU computes; on two shared
+cores, CPU-bound compute would make the jobs contend for the CPU, not for the link). Without
+it the step takes what the CPU takes.
+
+Same outputs as the synthetic job (tensorlights.testbed.psjob): the PS prints "listening PORT"
+once the group is up and a JSON summary (listening_at, finished_at) at the end; each worker
+prints {"received": [...]}.
 
 Gotchas measured on these machines, handled here or by the caller:
-  * the hostname resolves to 127.0.0.1: set GLOO_SOCKET_IFNAME to the host's interface
-    (the caller passes --ifname; it is exported before torch.distributed starts);
-  * gloo's data connections use ephemeral ports: TensorLights finds them by process (the
-    PS is identified by its launcher's TF_CONFIG), never by configuration;
-  * torch.distributed.rpc's TensorPipe would use shared memory between namespaces of one
-    kernel and send nothing over the network unless forced to _transports=['uv'],
-    _channels=['basic']: plain gloo send/recv avoids that.
+  * the hostname resolves to 127.0.0.1: set GLOO_SOCKET_IFNAME / TP_SOCKET_IFNAME to the
+    host's interface (the caller passes --ifname; exported before torch starts);
+  * gloo's and TensorPipe's data connections use ephemeral ports: TensorLights finds them by
+    process (the PS is identified by its launcher's variables), never by configuration;
+  * TensorPipe would use shared memory between namespaces of one kernel and send nothing over
+    the network unless forced to _transports=['uv'], _channels=['basic'].
 """
 
 from __future__ import annotations
@@ -30,6 +43,10 @@ import os
 import sys
 import time
 from typing import Any
+
+_received: list[float] = []
+"""A worker's receive times (rpc: filled by _rpc_step, which runs in the worker process)."""
+_worker: dict[str, Any] = {}
 
 
 def _model(hidden: int) -> Any:
@@ -50,90 +67,206 @@ def model_bytes(hidden: int) -> int:
     return 4 * (2 * (hidden * hidden + hidden) + hidden * 10 + 10)
 
 
-def _init(args: argparse.Namespace, rank: int) -> None:
-    os.environ["GLOO_SOCKET_IFNAME"] = args.ifname
+def hidden_for(target_bytes: int) -> int:
+    """The MLP width whose parameters come closest to `target_bytes`."""
+    hidden = max(16, int((target_bytes / 8) ** 0.5))
+    while model_bytes(hidden + 1) <= target_bytes:
+        hidden += 1
+    while hidden > 16 and model_bytes(hidden) > target_bytes:
+        hidden -= 1
+    return hidden
+
+
+def _gradient(model: Any, flat: Any, batch: int, hidden: int, compute_s: float) -> Any:
+    """One real forward and backward pass at `flat`; then the rest of `compute_s` waited out."""
+    import torch
+
+    began = time.monotonic()
+    torch.nn.utils.vector_to_parameters(flat, model.parameters())
+    model.zero_grad()
+    inputs = torch.randn(batch, hidden)
+    labels = torch.randint(0, 10, (batch,))
+    loss = torch.nn.functional.cross_entropy(model(inputs), labels)
+    loss.backward()  # type: ignore[no-untyped-call]
+    grad = torch.cat([p.grad.reshape(-1) for p in model.parameters()])
+    rest = compute_s - (time.monotonic() - began)
+    if rest > 0:
+        time.sleep(rest)
+    return grad
+
+
+def _rpc_step(flat: Any) -> Any:
+    """Runs on a worker, called by the PS over RPC: the parameters arrived."""
+    _received.append(time.monotonic())
+    w = _worker
+    return _gradient(w["model"], flat, w["batch"], w["hidden"], w["compute"])
+
+
+def _wait_until(start_at: float | None) -> float:
+    """Hold the first iteration until `start_at` (CLOCK_MONOTONIC), when given: a benchmark
+    launches jobs early so that each framework's start-up is over by its arrival time."""
+    if start_at is not None:
+        time.sleep(max(0.0, start_at - time.monotonic()))
+    return time.monotonic()
+
+
+def _summary(args: argparse.Namespace, listening_at: float, finished_at: float | None) -> str:
+    return json.dumps(
+        {
+            "iterations": args.iterations,
+            "listening_at": listening_at,
+            "finished_at": finished_at,
+            "model_bytes": model_bytes(args.hidden),
+            "errors": [],
+        }
+    )
+
+
+def _init_gloo(args: argparse.Namespace, rank: int) -> None:
     import torch.distributed as dist
 
     dist.init_process_group(
-        "gloo",
+        "gloo", init_method=f"tcp://{args.master}", rank=rank, world_size=args.workers + 1
+    )
+
+
+def _init_rpc(args: argparse.Namespace, rank: int) -> None:
+    from torch.distributed import rpc
+
+    options = rpc.TensorPipeRpcBackendOptions(
         init_method=f"tcp://{args.master}",
-        rank=rank,
-        world_size=args.workers + 1,
+        num_worker_threads=4,
+        rpc_timeout=600,
+        _transports=["uv"],
+        _channels=["basic"],
+    )
+    name = "ps" if rank == 0 else f"worker{rank}"
+    rpc.init_rpc(  # type: ignore[no-untyped-call]
+        name, rank=rank, world_size=args.workers + 1, rpc_backend_options=options
     )
 
 
 def run_ps(args: argparse.Namespace) -> int:
     import torch
-    import torch.distributed as dist
 
-    _init(args, 0)
-    listening_at = time.monotonic()
+    (_init_rpc if args.transport == "rpc" else _init_gloo)(args, 0)
     print(f"listening {args.master.rpartition(':')[2]}", flush=True)
+    listening_at = _wait_until(args.start_at)
     model = _model(args.hidden)
     flat = torch.nn.utils.parameters_to_vector(model.parameters()).detach()
-    grads = [torch.empty_like(flat) for _ in range(args.workers)]
     finished_at = None
     for _ in range(args.iterations):
-        sends = [dist.isend(flat, dst=w + 1) for w in range(args.workers)]  # all at once
-        for request in sends:
-            if request is not None:  # None only for a rank outside the group
-                request.wait()
-        for w in range(args.workers):
-            dist.recv(grads[w], src=w + 1)
+        grads = _ps_round_rpc(args, flat) if args.transport == "rpc" else _ps_round_gloo(args, flat)
         flat -= args.lr * torch.stack(grads).mean(dim=0)
         finished_at = time.monotonic()
-    summary = {
-        "iterations": args.iterations,
-        "listening_at": listening_at,
-        "finished_at": finished_at,
-        "model_bytes": flat.numel() * 4,
-        "errors": [],
-    }
-    print(json.dumps(summary), flush=True)
-    dist.destroy_process_group()
+    print(_summary(args, listening_at, finished_at), flush=True)
+    _shutdown(args)
     return 0
+
+
+def _ps_round_gloo(args: argparse.Namespace, flat: Any) -> list[Any]:
+    import torch
+    import torch.distributed as dist
+
+    sends = [dist.isend(flat, dst=w + 1) for w in range(args.workers)]  # all at once
+    for request in sends:
+        if request is not None:  # None only for a rank outside the group
+            request.wait()
+    grads = [torch.empty_like(flat) for _ in range(args.workers)]
+    for w in range(args.workers):
+        dist.recv(grads[w], src=w + 1)
+    return grads
+
+
+def _ps_round_rpc(args: argparse.Namespace, flat: Any) -> list[Any]:
+    from torch.distributed import rpc
+
+    calls = [rpc.rpc_async(f"worker{w + 1}", _rpc_step, args=(flat,)) for w in range(args.workers)]
+    return [call.wait() for call in calls]
+
+
+def _shutdown(args: argparse.Namespace) -> None:
+    if args.transport == "rpc":
+        from torch.distributed import rpc
+
+        rpc.shutdown()  # waits for every rank
+    else:
+        import torch.distributed as dist
+
+        dist.destroy_process_group()
 
 
 def run_worker(args: argparse.Namespace) -> int:
     import torch
+
+    model = _model(args.hidden)
+    if args.transport == "rpc":
+        _worker.update(model=model, batch=args.batch, hidden=args.hidden, compute=args.compute)
+        _init_rpc(args, args.rank)
+        _shutdown(args)  # serves the PS's calls until every rank is done
+        print(json.dumps({"received": _received}), flush=True)
+        return 0
     import torch.distributed as dist
 
-    _init(args, args.rank)
-    model = _model(args.hidden)
+    _init_gloo(args, args.rank)
     flat = torch.nn.utils.parameters_to_vector(model.parameters()).detach().clone()
-    received = []
     for _ in range(args.iterations):
         dist.recv(flat, src=0)
-        received.append(time.monotonic())
-        torch.nn.utils.vector_to_parameters(flat, model.parameters())
-        model.zero_grad()
-        inputs = torch.randn(args.batch, args.hidden)
-        labels = torch.randint(0, 10, (args.batch,))
-        loss = torch.nn.functional.cross_entropy(model(inputs), labels)
-        loss.backward()  # type: ignore[no-untyped-call]
-        grad = torch.cat([p.grad.reshape(-1) for p in model.parameters()])
-        dist.send(grad, dst=0)
-    print(json.dumps({"received": received}), flush=True)
-    dist.destroy_process_group()
+        _received.append(time.monotonic())
+        dist.send(_gradient(model, flat, args.batch, args.hidden, args.compute), dst=0)
+    print(json.dumps({"received": _received}), flush=True)
+    _shutdown(args)
     return 0
+
+
+def _torchrun_defaults() -> dict[str, Any]:
+    """What torchrun's variables say, where it set them."""
+    env = os.environ
+    defaults: dict[str, Any] = {}
+    if env.get("MASTER_ADDR") and env.get("MASTER_PORT"):
+        defaults["master"] = f"{env['MASTER_ADDR']}:{env['MASTER_PORT']}"
+    if env.get("WORLD_SIZE", "").isdigit():
+        defaults["workers"] = int(env["WORLD_SIZE"]) - 1
+    if env.get("RANK", "").isdigit():
+        defaults["rank"] = int(env["RANK"])
+    return defaults
 
 
 def main(argv: list[str] | None = None) -> int:
     parser = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
     sub = parser.add_subparsers(dest="role", required=True)
+    defaults = _torchrun_defaults()
     for role in ("ps", "worker"):
         p = sub.add_parser(role)
-        p.add_argument("--master", required=True, metavar="ADDR:PORT", help="the PS's address")
-        p.add_argument("--workers", type=int, required=True)
+        p.add_argument("--master", metavar="ADDR:PORT", help="the PS's address (MASTER_ADDR/PORT)")
+        p.add_argument("--workers", type=int, help="workers (WORLD_SIZE - 1)")
         p.add_argument("--hidden", type=int, default=512, help="MLP width (model size)")
         p.add_argument("--iterations", type=int, default=20)
-        p.add_argument("--ifname", default="eth0", help="GLOO_SOCKET_IFNAME")
+        p.add_argument("--ifname", default="eth0", help="GLOO_SOCKET_IFNAME / TP_SOCKET_IFNAME")
+        p.add_argument("--transport", choices=("gloo", "rpc"), default="gloo")
+        p.set_defaults(**defaults)
     sub.choices["ps"].add_argument("--lr", type=float, default=0.01)
-    sub.choices["worker"].add_argument("--rank", type=int, required=True)
-    sub.choices["worker"].add_argument(
-        "--batch", type=int, default=4096, help="samples per step: sets the compute time"
+    sub.choices["ps"].add_argument(
+        "--start-at", type=float, metavar="T", help="first iteration at CLOCK_MONOTONIC T"
     )
+    worker = sub.choices["worker"]
+    worker.add_argument("--rank", type=int, help="this worker's rank (RANK)")
+    worker.add_argument(
+        "--batch", type=int, default=4096, help="samples per step: the real compute"
+    )
+    worker.add_argument(
+        "--compute", type=float, default=0.0, metavar="S",
+        help="an accelerator's step time: the real pass, then the rest of S waited out",
+    )  # fmt: skip
+    worker.set_defaults(**defaults)
     args = parser.parse_args(argv)
+    missing = [
+        flag for flag, value in (("--master", args.master), ("--workers", args.workers))
+        if value is None
+    ] + (["--rank"] if args.role == "worker" and args.rank is None else [])  # fmt: skip
+    if missing:
+        parser.error(f"{', '.join(missing)} required (or torchrun's variables)")
+    os.environ["GLOO_SOCKET_IFNAME"] = os.environ["TP_SOCKET_IFNAME"] = args.ifname
     try:
         import torch  # noqa: F401
     except ImportError:

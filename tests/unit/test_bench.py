@@ -103,7 +103,13 @@ def test_bound_is_below_every_serial_schedule_and_above_both_simple_bounds(
 
 
 def test_scenarios_cover_the_issue_and_scale() -> None:
-    assert sorted(SCENARIOS) == ["a", "b", "c", "d", "e", "f"]
+    assert sorted(SCENARIOS) == ["a", "b", "c", "d", "e", "f", "r1", "r2", "r3", "r4"]
+    # The real frameworks' scenarios: RPC, overloaded gloo, mixed sizes, TensorFlow.
+    assert {j.workload for j in SCENARIOS["r1"].jobs} == {"torch-rpc"}
+    assert {j.workload for j in SCENARIOS["r2"].jobs} == {"torch-gloo"}
+    assert len({j.model_bytes for j in SCENARIOS["r3"].jobs}) == 3
+    assert {j.workload for j in SCENARIOS["r4"].jobs} == {"tf-ps"}
+    assert {j.workload for s in "abcdef" for j in SCENARIOS[s].jobs} == {"synthetic"}
     assert len(SCENARIOS["a"].jobs) == 2
     assert all(j.workers >= 4 for j in SCENARIOS["c"].jobs)
     assert len({j.model_bytes for j in SCENARIOS["d"].jobs}) == 3
@@ -117,7 +123,7 @@ def test_scenarios_cover_the_issue_and_scale() -> None:
 
 def test_selection_refuses_unknown_names() -> None:
     assert [s.key for s in select("a, c")] == ["a", "c"]
-    assert len(select("all")) == 6
+    assert len(select("all")) == 10
     assert select_policies("all") == list(COMPARED)
     with pytest.raises(ConfigError, match="unknown scenario"):
         select("z")

@@ -1,0 +1,211 @@
+"""The benchmark's workloads, each launched as its launcher launches it (one entry point).
+
+  synthetic   tensorlights.testbed.psjob: our own PS job, identified by TF_CONFIG;
+  torch-gloo  tensorlights.testbed.torchjob over gloo send/recv, with torchrun's variables
+              (RANK, WORLD_SIZE, MASTER_ADDR/PORT, TORCHELASTIC_RUN_ID): discovery needs
+              `torch_ps_ranks = [0]`;
+  torch-rpc   the same over torch.distributed.rpc (TensorPipe);
+  tf-ps       tensorlights.testbed.tfjob: TensorFlow's ParameterServerStrategy with TF_CONFIG
+              (its own virtualenv: see tfjob's docstring).
+
+Every job prints what the benchmark measures the same way (see psjob.RunningJob).
+"""
+
+from __future__ import annotations
+
+import itertools
+import json
+import os
+import subprocess
+import sys
+from collections.abc import Sequence
+from enum import StrEnum
+from pathlib import Path
+
+from tensorlights.discovery.rules import launcher_job
+from tensorlights.testbed.netns import Host
+from tensorlights.testbed.psjob import RunningJob, start_job, tf_job_id, tf_launcher_env
+from tensorlights.testbed.socket_holder import clean_env
+from tensorlights.testbed.torchjob import hidden_for
+
+TORCH_MODULE = [sys.executable, "-m", "tensorlights.testbed.torchjob"]
+TORCH_BATCH = 32
+"""Samples per real forward/backward pass; --compute pads the step to the asked time."""
+_master_ports = itertools.count(29500)
+
+
+class Workload(StrEnum):
+    SYNTHETIC = "synthetic"
+    TORCH_GLOO = "torch-gloo"
+    TORCH_RPC = "torch-rpc"
+    TF_PS = "tf-ps"
+
+    @property
+    def start_up_s(self) -> float:
+        """How long before its arrival a job of this kind is launched (`start_at`): the
+        framework's import and rendezvous, measured with a whole scenario starting at once
+        on this 2-core machine (torch ~4-8 s, TensorFlow ~20-35 s), with a margin. The
+        synthetic job starts in well under a second and is launched at its arrival."""
+        return {"synthetic": 0.0, "torch-gloo": 15.0, "torch-rpc": 15.0, "tf-ps": 50.0}[self]
+
+
+def torchrun_env(run_id: str, rank: int, world_size: int, master: str) -> dict[str, str]:
+    """The variables torchrun (static rendezvous, one process per node) gives a rank."""
+    addr, _, port = master.rpartition(":")
+    return {
+        "RANK": str(rank), "LOCAL_RANK": "0", "GROUP_RANK": str(rank),
+        "WORLD_SIZE": str(world_size), "LOCAL_WORLD_SIZE": "1", "ROLE_NAME": "default",
+        "MASTER_ADDR": addr, "MASTER_PORT": port, "TORCHELASTIC_RUN_ID": run_id,
+        # Quiet: gloo's ProcessGroup deprecation and c10d's hostname lookups, on every rank.
+        "PYTHONWARNINGS": "ignore::UserWarning", "TORCH_CPP_LOG_LEVEL": "ERROR",
+    }  # fmt: skip
+
+
+def start_workload(
+    workload: Workload,
+    tag: str,
+    ps_host: Host,
+    worker_hosts: Sequence[Host],
+    workers: int,
+    model_bytes: int,
+    iterations: int,
+    compute_s: float,
+    start_at: float | None = None,
+) -> RunningJob:
+    """Start job `tag`: its PS on `ps_host`, its workers round-robin over `worker_hosts`;
+    the returned job knows the id discovery gives it. A real framework's job holds its first
+    iteration until `start_at` (CLOCK_MONOTONIC) and is not waited for here; the synthetic
+    job starts at once and is waited for until its PS listens."""
+    if workload is Workload.SYNTHETIC:
+        env = clean_env(tf_launcher_env(tag, workers))
+        prefixes = [host.exec_args() for host in worker_hosts]
+        job = start_job(
+            ps_host.exec_args(), prefixes, ps_host.ipv4, env, workers, model_bytes, iterations,
+            compute_s,
+        )  # fmt: skip
+        job.job = tf_job_id(tag, workers)
+        return job
+    if workload is Workload.TF_PS:
+        return start_tf_job(
+            ps_host, worker_hosts, workers, model_bytes, iterations, compute_s, start_at
+        )
+    port = next(_master_ports)
+    master = f"{ps_host.ipv4}:{port}"
+    transport = "rpc" if workload is Workload.TORCH_RPC else "gloo"
+    common = ["--hidden", str(hidden_for(model_bytes)), "--iterations", str(iterations),
+              "--transport", transport]  # fmt: skip
+    hold = [] if start_at is None else ["--start-at", repr(start_at)]
+    ps = subprocess.Popen(
+        ps_host.exec_args(*TORCH_MODULE, "ps", *common, "--ifname", ps_host.ifname, *hold),
+        stdout=subprocess.PIPE, text=True,
+        env=clean_env(torchrun_env(tag, 0, workers + 1, master)),
+    )  # fmt: skip
+    placed = [worker_hosts[(rank - 1) % len(worker_hosts)] for rank in range(1, workers + 1)]
+    ranks = [
+        subprocess.Popen(
+            host.exec_args(
+                *TORCH_MODULE, "worker", *common, "--ifname", host.ifname, "--batch",
+                str(TORCH_BATCH), "--compute", str(compute_s)),
+            stdout=subprocess.PIPE, text=True,
+            env=clean_env(torchrun_env(tag, rank, workers + 1, master)),
+        )
+        for rank, host in enumerate(placed, start=1)
+    ]  # fmt: skip
+    return RunningJob(ps, ranks, port, job=f"torch/{tag}")
+
+
+CHECKOUT = Path(__file__).resolve().parents[2]
+DEFAULT_TF_PYTHON = CHECKOUT / ".venv-tf" / "bin" / "python"
+_tf_ports = itertools.count(31000)
+
+
+def tf_python() -> str:
+    """The interpreter with TensorFlow (TENSORLIGHTS_TF_PYTHON, else the checkout's .venv-tf)."""
+    python = os.environ.get("TENSORLIGHTS_TF_PYTHON") or str(DEFAULT_TF_PYTHON)
+    if not Path(python).exists():
+        raise RuntimeError(
+            f"no TensorFlow interpreter at {python}: run `scripts/setup.sh bench` (it makes "
+            ".venv-tf) or set TENSORLIGHTS_TF_PYTHON"
+        )
+    return python
+
+
+def _tf_config(cluster: dict[str, list[str]], task: str, index: int) -> dict[str, str]:
+    return {"TF_CONFIG": json.dumps({"cluster": cluster, "task": {"type": task, "index": index}})}
+
+
+def start_tf_job(
+    ps_host: Host,
+    worker_hosts: Sequence[Host],
+    workers: int,
+    model_bytes: int,
+    iterations: int,
+    compute_s: float,
+    start_at: float | None = None,
+) -> RunningJob:
+    """The PS and the chief on `ps_host`, workers round-robin over `worker_hosts`. Fresh
+    ports make each job's cluster spec, hence its id, its own."""
+    python = tf_python()
+    placed = [worker_hosts[i % len(worker_hosts)] for i in range(workers)]
+    cluster = {
+        "chief": [f"{ps_host.ipv4}:{next(_tf_ports)}"],
+        "ps": [f"{ps_host.ipv4}:{next(_tf_ports)}"],
+        "worker": [f"{host.ipv4}:{next(_tf_ports)}" for host in placed],
+    }
+    env = {"PYTHONPATH": str(CHECKOUT), "TF_CPP_MIN_LOG_LEVEL": "2"}
+    module = [python, "-m", "tensorlights.testbed.tfjob"]  # its own interpreter
+    servers = [
+        subprocess.Popen(
+            host.exec_args(*module, "server"), stdout=subprocess.DEVNULL,
+            env=clean_env({**env, **_tf_config(cluster, "worker", i)}),
+        )
+        for i, host in enumerate(placed)
+    ]  # fmt: skip
+    ps = subprocess.Popen(
+        ps_host.exec_args(*module, "server"), stdout=subprocess.DEVNULL,
+        env=clean_env({**env, **_tf_config(cluster, "ps", 0)}),
+    )  # fmt: skip
+    chief = subprocess.Popen(
+        ps_host.exec_args(*module, "chief", "--iterations", str(iterations), "--model-bytes",
+                          str(model_bytes), "--compute", str(compute_s),
+                          *([] if start_at is None else ["--start-at", repr(start_at)])),
+        stdout=subprocess.PIPE, text=True,
+        env=clean_env({**env, **_tf_config(cluster, "chief", 0)}),
+    )  # fmt: skip
+    port = int(cluster["ps"][0].rpartition(":")[2])
+    found = launcher_job(_tf_config(cluster, "ps", 0))
+    assert found is not None
+    return TfJob(chief, [], port, servers=[ps, *servers], job=found[0])
+
+
+class TfJob(RunningJob):
+    """The chief reports for every worker (its log is the job's ground truth); the servers
+    are ended once it has finished, as a TF launcher ends them."""
+
+    def __init__(
+        self,
+        chief: subprocess.Popen[str],
+        workers: list[subprocess.Popen[str]],
+        port: int,
+        servers: list[subprocess.Popen[bytes]],
+        job: str,
+    ) -> None:
+        super().__init__(chief, workers, port, job=job)
+        self.servers = servers
+
+    def received(self, timeout: float) -> list[list[float]]:
+        out, _ = self.ps.communicate(timeout=timeout)
+        lines = out.strip().splitlines()
+        self.summary = json.loads(lines[-1]) if lines else None
+        self._end_servers()
+        return [] if self.summary is None else list(self.summary.pop("received"))
+
+    def kill(self) -> None:
+        super().kill()
+        self._end_servers()
+
+    def _end_servers(self) -> None:
+        for proc in self.servers:
+            if proc.poll() is None:
+                proc.kill()
+                proc.wait()
