@@ -30,7 +30,12 @@ from enum import StrEnum
 
 from tensorlights.errors import ConfigError
 from tensorlights.model import GREEN_BAND, NUM_BANDS
-from tensorlights.policy.packing import JobLoad, StarvationGuard, pack_order
+from tensorlights.policy.packing import (
+    MEASURE_GRACE_S,
+    JobLoad,
+    StarvationGuard,
+    pack_order,
+)
 
 MAX_DEFER_S = 2.0
 """`pack` waits at most this long for the green job's push to end before reordering."""
@@ -165,7 +170,8 @@ class BandPolicy:
         current = [job for job in self._packed if job in present]
         current += [job for job in self._order if job not in current]
         demands = {job: load.demand for job, load in loads.items()}
-        desired = pack_order(self._order, demands, self._guard.promoted)
+        holding = self._guard.young(now, MEASURE_GRACE_S) - frozenset(demands)
+        desired = pack_order(current, demands, self._guard.promoted, holding=holding)
         # ... a reorder waits for the green job's push to end (its iteration boundary).
         if desired != current:
             if self._reorder_wanted_since is None:

@@ -17,7 +17,9 @@ speed (a shared FIFO band would instead keep their pushes locked in phase, each 
 the other) -- then jobs not measured yet. Demands within x1.3 of a group's smallest count
 as equal, so measurement noise does not reorder equal jobs; within a group, remaining work
 decides where it is known (the controller passes Slurm time limits: the soonest to end
-first), arrival order otherwise.
+first), the order in force otherwise. A job not measured yet keeps its place while it is
+young (MEASURE_GRACE_S): measuring it takes a few iterations, and moving it meanwhile made
+the light flip twice at a run's start (behind a job measured first, then ahead again).
 
 Starvation bound (StarvationGuard): a job whose time lost to waiting over the last
 `window_s` approaches what `max_slowdown` allows is promoted to the front (most behind
@@ -37,6 +39,9 @@ HEADER_BYTES = 14 + 20 + 20 + 12  # Ethernet, IPv4, TCP, TCP timestamps
 DEMAND_BUCKET = 1.3
 PROMOTE_AT = 0.8
 RELEASE_AT = 0.5
+MEASURE_GRACE_S = 10.0
+"""An unmeasured job keeps its place in pack's order this long after it appeared; past it,
+a job still without a demand (traffic that is not iterative) goes behind the measured."""
 
 
 def wire_bytes(payload: float, mss: int = MSS, headers: int = HEADER_BYTES) -> float:
@@ -119,6 +124,10 @@ class StarvationGuard:
         done = max(load.iterations - start_n, 0)
         return max(present - done * load.standalone_period_s, 0.0)
 
+    def young(self, now: float, within_s: float) -> frozenset[str]:
+        """Jobs first seen less than `within_s` ago."""
+        return frozenset(job for job, seen in self._first_seen.items() if now - seen < within_s)
+
     def threshold(self, bound: float) -> float:
         """The lag allowed in a window at slowdown `bound`, with PROMOTE_AT's margin."""
         return PROMOTE_AT * (1 - 1 / bound) * self.window_s
@@ -162,36 +171,43 @@ class StarvationGuard:
 
 
 def pack_order(
-    arrival_order: Sequence[str],
+    order: Sequence[str],
     demands: Mapping[str, float],
     promoted: Mapping[str, float],
     end_times: Mapping[str, float] | None = None,
+    holding: frozenset[str] = frozenset(),
 ) -> list[str]:
     """Green first: promoted (most behind first), measured jobs by demand, then unmeasured.
-    Demands within x1.3 of a group's smallest count as equal; within a group, jobs whose
-    resource manager says when they end (`end_times`, e.g. Slurm time limits) go first, the
-    soonest first (shortest remaining time), then the others in arrival order."""
+    `order` is the order in force (arrival order the first time): demands within x1.3 of a
+    group's smallest count as equal, and within a group jobs whose resource manager says when
+    they end (`end_times`, e.g. Slurm time limits) go first, the soonest first (shortest
+    remaining time), the others keep their place in `order`. Unmeasured jobs in `holding`
+    (young ones, still being measured) keep their place too: a job is not put behind and
+    then ahead again while its first iterations are measured, and does not displace a
+    measured one."""
     ends = end_times or {}
-    position = {job: i for i, job in enumerate(arrival_order)}
+    position = {job: i for i, job in enumerate(order)}
 
     def within(job: str) -> tuple[float, int]:
         return (ends.get(job, math.inf), position[job])
 
-    first = sorted((job for job in arrival_order if job in promoted), key=lambda j: -promoted[j])
-    measured = sorted(
-        (job for job in arrival_order if job not in promoted and job in demands),
-        key=demands.__getitem__,
-    )
+    first = sorted((job for job in order if job in promoted), key=lambda j: -promoted[j])
+    rest = [job for job in order if job not in promoted]
+    measured = sorted((job for job in rest if job in demands), key=demands.__getitem__)
     groups: list[list[str]] = []
     for job in measured:
         if groups and demands[job] <= demands[groups[-1][0]] * DEMAND_BUCKET:
             groups[-1].append(job)
         else:
             groups.append([job])
-    middle = [job for group in groups for job in sorted(group, key=within)]
-    last = sorted(
-        (job for job in arrival_order if job not in promoted and job not in demands), key=within
-    )
+    by_demand = iter([job for group in groups for job in sorted(group, key=within)])
+    # Held jobs keep their slots; the measured ones fill the others in demand order.
+    middle = [
+        job if job in holding else next(by_demand)
+        for job in rest
+        if job in demands or job in holding
+    ]
+    last = sorted((job for job in rest if job not in demands and job not in holding), key=within)
     return first + middle + last
 
 

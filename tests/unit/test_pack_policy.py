@@ -10,6 +10,7 @@ from hypothesis import strategies as st
 from tensorlights.errors import ConfigError
 from tensorlights.policy.bands import MAX_DEFER_S, BandPolicy, PolicyName
 from tensorlights.policy.packing import (
+    MEASURE_GRACE_S,
     JobLoad,
     StarvationGuard,
     fits_together,
@@ -49,6 +50,33 @@ def test_order_smallest_demand_first_ties_keep_arrival() -> None:
     assert pack_order(["a", "b", "c"], noisy, {}, {"c": 100.0, "b": 50.0}) == ["b", "c", "a"]
     # ... but never across demand groups: a big job ending soon stays behind small ones.
     assert pack_order(["big", "small"], loads, {}, {"big": 1.0}) == ["small", "big"]
+
+
+def test_order_holds_young_unmeasured_jobs_in_place_and_keeps_the_order_in_force() -> None:
+    # b measured first while a (green, arrived first) is still being measured: a keeps its
+    # place, so the light does not move to b and back.
+    assert pack_order(["a", "b"], {"b": 0.5}, {}, holding=frozenset({"a"})) == ["a", "b"]
+    # A held job does not displace a measured one ahead of it either.
+    assert pack_order(["b", "a"], {"b": 0.5}, {}, holding=frozenset({"a"})) == ["b", "a"]
+    # Measured jobs still sort by demand around the held one's slot.
+    order = pack_order(["big", "new", "small"], {"big": 0.6, "small": 0.2}, {}, None, {"new"})
+    assert order == ["small", "new", "big"]
+    # Equal demands keep the order in force, not the arrival order.
+    assert pack_order(["b", "a"], {"a": 0.45, "b": 0.55}, {}) == ["b", "a"]
+
+
+def test_pack_does_not_flip_while_jobs_are_first_measured() -> None:
+    policy = _pack()
+    assert policy.evaluate(0.0, {"a", "b"}, {}).green == "a"
+    # b is measured first (a's first iterations are still warming up): a stays green ...
+    assert policy.evaluate(2.0, {"a", "b"}, {"b": load(0.2, 0.2)}).green == "a"
+    # ... and once a is measured with an equal demand, nothing moves.
+    both = {"a": load(0.21, 0.2), "b": load(0.2, 0.2)}
+    assert policy.evaluate(4.0, {"a", "b"}, both).order == ("a", "b")
+    # A job that never gets a demand (not iterative) goes behind once past the grace.
+    late = policy.evaluate(4.0 + MEASURE_GRACE_S, {"a", "b", "bulk"}, both)
+    assert late.order == ("a", "b", "bulk")
+    assert policy.evaluate(5.0 + 2 * MEASURE_GRACE_S, {"bulk", "a", "b"}, both).green == "a"
 
 
 def test_fits_together_is_the_prefix_under_one_link() -> None:
