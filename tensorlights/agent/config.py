@@ -306,13 +306,12 @@ class AgentConfig:
     )
     telemetry_sample_interval_s: float = spec.duration_param(
         "telemetry.sample_interval",
-        "The longest interval between tcp_info samples of a job: each job's sampling speeds "
-        "up by itself (to 5 ms) while its gaps between pushes are short.",
+        "How often tcp_info is sampled; keep it under half the workers' compute time.",
         0.1,
         low=0.005,
         high=10.0,
     )
-    """Each job's own interval adapts under it (telemetry/sampler.py)."""
+    """Must be under half the workers' compute time to see every push apart."""
     telemetry_min_push_bytes: int = spec.param(
         "telemetry.min_push_bytes",
         integer,

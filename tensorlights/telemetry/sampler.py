@@ -1,18 +1,9 @@
 """Samples tcp_info of every PS connection the latest discovery scan found, on its own thread
 and socket, and turns the samples into iterations (straggler.py).
 
-Each job has its own sampling interval, adapted to its gaps: iterations are told apart by
-quiet rounds in the workers' compute (GAP_QUIET_ROUNDS of them), so a job whose iterations
-closed with fewer than QUIET_LOW quiet rounds since the previous one is sampled twice as
-fast (down to MIN_INTERVAL_S), one with more than QUIET_HIGH half again as slowly (up to the
-configured interval). A new job starts at START_INTERVAL_S, so that its first iterations are
-seen apart whatever its compute; one that has pushed nothing after NO_PUSH_RELAX_S (idle or
-not a training job after all) drops to the configured interval.
-
 Cost: one batch of exact inet_diag lookups per round (no hash-table walk), ~7 us per
 connection sampled; jobs whose workers are computing are sampled through one connection per
-round (see sample_once), so the cost follows the share of time spent pushing and, per job,
-how short its gaps are.
+round (see sample_once), so the cost follows the share of time spent pushing.
 """
 
 from __future__ import annotations
@@ -34,11 +25,6 @@ RECENT_ITERATIONS = 200
 LOAD_ITERATIONS = 5
 """A job's load is the median of its last this many iterations."""
 FULL_ROUND_EVERY = 10
-MIN_INTERVAL_S = 0.005
-START_INTERVAL_S = 0.02
-NO_PUSH_RELAX_S = 5.0
-QUIET_LOW = 3
-QUIET_HIGH = 8
 KEEP_ENDED_JOBS_S = 60.0
 """A finished job's last iterations stay in `recent()` this long (its final push closes only
 when its connections are gone, i.e. after it ended)."""
@@ -79,10 +65,6 @@ class TelemetrySampler:
         self._round = 0
         self._paths: dict[int | None, str] = {}
         self._known_jobs: set[str] = set()
-        self._interval: dict[str, float] = {}
-        """Each job's sampling interval now (see the module doc)."""
-        self._due: dict[str, float] = {}
-        self._first_seen: dict[str, float] = {}
         self.sampled_connections = 0
         """Connection samples taken so far (the cost driver)."""
 
@@ -152,15 +134,13 @@ class TelemetrySampler:
             return []
         by_job, present = targets
         self._round += 1
-        now = self._clock()
         keys: list[tuple[str, str]] = []
         chosen_targets: list[_Target] = []
         busy = self.tracker.busy_jobs()
         pushing = self.tracker.pushing_connections()
         for job, conns in by_job.items():
-            if not conns or self._due.get(job, now) > now + MIN_INTERVAL_S / 2:
+            if not conns:
                 continue
-            self._pace(job, conns, pushing, now)
             if self._round % FULL_ROUND_EVERY == 0 or job in busy or job not in self._known_jobs:
                 chosen = conns
             else:
@@ -187,11 +167,7 @@ class TelemetrySampler:
                     del self._last_seen[job]
                     self._recent.pop(job, None)
                     self._iterations.pop(job, None)
-            for job in set(self._interval) - present.keys():
-                for table in (self._interval, self._due, self._first_seen):
-                    table.pop(job, None)
             for iteration in closed:
-                self._adapt(iteration)
                 self._iterations[iteration.job] = self._iterations.get(iteration.job, 0) + 1
                 self._last_seen.setdefault(iteration.job, now)
                 self._recent.setdefault(iteration.job, deque(maxlen=RECENT_ITERATIONS)).append(
@@ -200,28 +176,6 @@ class TelemetrySampler:
         for iteration in closed:
             self._on_iteration(iteration)
         return closed
-
-    def _pace(self, job: str, conns: list[_Target], pushing: set[str], now: float) -> None:
-        """Sets when `job` is sampled next (it is sampled now)."""
-        first = self._first_seen.setdefault(job, now)
-        interval = self._interval.setdefault(job, min(START_INTERVAL_S, self.interval_s))
-        if now - first > NO_PUSH_RELAX_S and not any(t.key in pushing for t in conns):
-            interval = self._interval[job] = self.interval_s
-        self._due[job] = now + interval
-
-    def _adapt(self, iteration: Iteration) -> None:
-        """Faster while the job's gaps hold few quiet rounds, slower while they hold many."""
-        interval = self._interval.get(iteration.job, self.interval_s)
-        if iteration.quiet_rounds < QUIET_LOW:
-            interval /= 2
-        elif iteration.quiet_rounds > QUIET_HIGH:
-            interval *= 1.5
-        self._interval[iteration.job] = min(max(interval, MIN_INTERVAL_S), self.interval_s)
-
-    def intervals(self) -> dict[str, float]:
-        """Each job's sampling interval now."""
-        with self._lock:
-            return dict(self._interval)
 
     def _tcp_info(self, targets: list[_Target]) -> list[TcpInfo | None]:
         """One batch of exact lookups per network namespace, answers in `targets`' order. A
@@ -267,6 +221,7 @@ class TelemetrySampler:
         self._thread.start()
 
     def _run(self) -> None:
+        next_at = self._clock()
         while not self._stop.is_set():
             try:
                 self.sample_once()
@@ -274,10 +229,12 @@ class TelemetrySampler:
             except (TensorLightsError, OSError) as exc:
                 self.last_error = f"{type(exc).__name__}: {exc}"
                 self._close_diags()
-            now = self._clock()
-            # The next job due; each job keeps its own cadence (a late round is not made up).
-            next_at = min(self._due.values(), default=now + self.interval_s)
-            self._stop.wait(min(max(next_at - now, 0.0), self.interval_s))
+            next_at += self.interval_s
+            delay = next_at - self._clock()
+            if delay < 0:  # fell behind: keep the cadence, skip the missed rounds
+                next_at = self._clock()
+                delay = 0
+            self._stop.wait(delay)
 
     def stop(self) -> None:
         self._stop.set()

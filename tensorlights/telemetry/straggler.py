@@ -13,17 +13,14 @@ later than the first sample that saw it busy (or the completion). The pushes of 
 need not start together: gloo's PS, for one, pushes to one worker after the other. What
 separates two iterations is the workers' compute, when the whole job is *quiet*: a sampling
 round in which none of its connections was busy. A completion belongs to the open iteration
-unless GAP_QUIET_ROUNDS (2) quiet rounds fell between the open iteration's first push (the
-earliest start_by) and this push's start (its start_after), or between its connection's
-earlier completion there and this push's start; a connection completing again after a
-shorter idle instant is one push written in parts (joined). While sampling is under half the
-compute time, two quiet rounds fall between any two iterations; the sampler adapts each
-job's interval to keep it so (sampler.py). An iteration closes when every connection of the
-job has completed in it and GAP_QUIET_ROUNDS quiet rounds followed, when the next one begins,
-or when the job ends. The iteration's start
-window is that of its first push. Spread = last completion - first; period = time between
-the last completions of consecutive iterations; push time = last completion - the earliest
-estimated push start (completion - bytes / delivery rate: an estimate).
+unless its connection already completed there, or a quiet round fell between the open
+iteration's first push (the earliest start_by) and this push's start (its start_after). While
+sampling is under half the compute time, a quiet round falls between any two iterations. An
+iteration closes when every connection of the job has completed in it, when the next one
+begins, or when the job ends. The iteration's start window is that of its first push. Spread =
+last completion - first; period = time between the last completions of consecutive
+iterations; push time = last completion - the earliest estimated push start (completion -
+bytes / delivery rate: an estimate).
 """
 
 from __future__ import annotations
@@ -39,10 +36,6 @@ DEFAULT_MIN_PUSH_BYTES = 16 * 1024
 MAX_OPEN_ITERATION_S = 30.0
 QUIET_ROUNDS_KEPT = 8
 """Recent quiet rounds remembered per job: more than fall inside one iteration's pushes."""
-GAP_QUIET_ROUNDS = 2
-"""Quiet rounds that make a gap the workers' compute: one can fall in the instant between two
-pushes of one iteration (gloo's one after the other) or between two writes of one push (RPC
-framing) when sampling is fast; two in a row take a gap longer than the sampling interval."""
 
 
 @dataclass(frozen=True)
@@ -72,9 +65,6 @@ class Iteration:
     """From the previous iteration's last completion to this push's start (the middle of
     the pushes' common start window): the workers' compute, gradient and barrier -- what
     does not need the link. Unaffected by how long the push then waits in a queue."""
-    quiet_rounds: int = 0
-    """Quiet rounds seen since the previous iteration closed: how finely the gap before this
-    iteration was sampled (the sampler adapts its interval to keep a few in every gap)."""
 
     @property
     def spread(self) -> float:
@@ -107,7 +97,6 @@ class _Job:
     last_done: float | None = None
     warming_up: bool = True
     """Some connection was first seen mid-push: iterations are incomplete, not reported."""
-    quiet_since_close: int = 0
 
 
 class StragglerTracker:
@@ -166,47 +155,31 @@ class StragglerTracker:
             self._update_membership(state, present.get(job, set()))
             for completion in sorted(finished, key=lambda c: c.at):
                 after, by = state.window
-                earlier = state.open.get(completion.connection)
-                if earlier is not None and not self._gap(state, earlier.at, completion):
-                    # The same push, written in parts (a framework's framing, several
-                    # tensors): the connection idled only for an instant in between.
-                    state.open[completion.connection] = _joined(earlier, completion)
-                    continue
-                if state.open and (earlier is not None or self._gap(state, by, completion)):
+                if state.open and (
+                    completion.connection in state.open
+                    or any(by <= quiet <= completion.start_after for quiet in state.quiet)
+                ):
                     closed.extend(self._close(job, state))
                     after, by = state.window
                 state.open[completion.connection] = completion
                 if completion.start_by < by:  # the first push so far
                     after, by = completion.start_after, completion.start_by
                 state.window = (after, by)
-        sampled = {job for job, _, _ in samples}
         for job, state in self._jobs.items():
             keys = present.get(job, set())
-            if job in sampled and not any(
+            if not any(
                 (conn := self._connections.get(key)) is not None and conn.busy_at is not None
                 for key in keys
             ):
                 state.quiet.append(now)
-                state.quiet_since_close += 1
             if not state.open:
                 continue
             self._update_membership(state, keys)
-            # Complete once every connection has pushed and the job has gone quiet (a push
-            # written in parts may go on after an idle instant).
-            last = max(c.at for c in state.open.values())
-            settled = sum(1 for at in state.quiet if at >= last) >= GAP_QUIET_ROUNDS
-            if (state.known <= state.open.keys() and settled) or (
+            if state.known <= state.open.keys() or (
                 now - min(c.at for c in state.open.values()) > MAX_OPEN_ITERATION_S
             ):
                 closed.extend(self._close(job, state))
         return closed
-
-    @staticmethod
-    def _gap(state: _Job, since: float, completion: Completion) -> bool:
-        """Whether the job was quiet long enough between `since` and this push's start to
-        have been computing (GAP_QUIET_ROUNDS quiet rounds in between)."""
-        quiet = sum(1 for at in state.quiet if since <= at <= completion.start_after)
-        return quiet >= GAP_QUIET_ROUNDS
 
     def _update_membership(self, state: _Job, keys: set[str]) -> None:
         """Every measurable connection of the job: an iteration is complete when each has
@@ -259,17 +232,11 @@ class StragglerTracker:
             start_by=min(busy_at if busy_at is not None else at, at),
         )
 
-    def quiet_rounds(self, job: str) -> int:
-        """Quiet rounds of `job` since its last iteration closed (0 for an unknown job)."""
-        state = self._jobs.get(job)
-        return 0 if state is None else state.quiet_since_close
-
     def _close(self, job: str, state: _Job) -> list[Iteration]:
         """The open iteration, closed; [] while the job is warming up (then it only marks
         where the next period starts)."""
         done = list(state.open.values())
         started_after, started_by = state.window
-        quiet_rounds, state.quiet_since_close = state.quiet_since_close, 0
         state.open = {}
         state.window = (float("-inf"), float("inf"))
         if state.warming_up or state.last_done is None:
@@ -291,19 +258,6 @@ class StragglerTracker:
             period=last - state.last_done,
             pushed_bytes=sum(c.pushed_bytes for c in done),
             idle_before_s=idle,
-            quiet_rounds=quiet_rounds,
         )
         state.last_done = last
         return [iteration]
-
-
-def _joined(first: Completion, rest: Completion) -> Completion:
-    """One push seen as two completions: its start is the first part's, its end the last's."""
-    return Completion(
-        connection=first.connection,
-        at=rest.at,
-        pushed_bytes=first.pushed_bytes + rest.pushed_bytes,
-        started_at=first.started_at,
-        start_after=first.start_after,
-        start_by=first.start_by,
-    )

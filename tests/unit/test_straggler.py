@@ -209,34 +209,3 @@ def test_connections_that_never_push_are_not_the_ones_watched_for_a_push() -> No
         tracker.observe(now, [*samples, ("j", "store", control)])
         now = round(now + 0.1, 6)
     assert tracker.pushing_connections() == {"0", "1"}
-
-
-def test_a_push_written_in_parts_is_one_push_when_sampled_fast() -> None:
-    """A framework's push in several writes (RPC framing, several tensors): the connection
-    idles for an instant between parts, and a 5 ms sampling round may land there."""
-    pushes = []
-    t = 1.0
-    for _ in range(10):
-        pushes += [(t, t + 0.03), (t + 0.033, t + 0.06)]  # 3 ms between the two writes
-        t += 0.06 + 0.05  # then 50 ms of compute
-    connections = [FakeConnection(pushes), FakeConnection([(a + 0.001, b) for a, b in pushes])]
-    iterations = run(connections, until=3, every=0.005)
-    assert len(iterations) == 9
-    assert all(it.pushed_bytes == 4 * MODEL for it in iterations)  # 2 parts x 2 connections
-    for it in iterations:
-        assert it.period == pytest.approx(0.11, abs=0.002)
-
-
-@settings(max_examples=30, deadline=None)
-@given(st.floats(0.0, 0.0049), st.floats(0.02, 0.05))
-def test_short_compute_sampled_under_half_of_it_is_seen_iteration_by_iteration(
-    phase: float, compute: float
-) -> None:
-    """20-50 ms of compute, gloo's serial pushes, sampled every 5 ms at any phase: a round
-    landing between two pushes of one iteration does not split it."""
-    connections = serial_pushes(12, 2, compute, push=0.03)
-    for c in connections:
-        c.pushes = [(start + phase, end + phase) for start, end in c.pushes]
-    iterations = run(connections, until=3, every=0.005)
-    assert len(iterations) == 11, [(it.first_done, it.connections) for it in iterations]
-    assert all(it.connections == 2 and it.quiet_rounds >= 2 for it in iterations)
