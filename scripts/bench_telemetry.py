@@ -30,7 +30,7 @@ from tensorlights.telemetry.accuracy import Agreement, compare
 from tensorlights.testbed import netns
 from tensorlights.testbed.psjob import RunningJob, collect_iterations
 from tensorlights.testbed.socket_holder import clean_env
-from tensorlights.testbed.workloads import Workload, start_workload
+from tensorlights.testbed.workloads import JobShape, Workload, start_workload
 
 
 def status(sock: Path) -> AgentStatus | None:
@@ -68,8 +68,8 @@ def run_policy(
             start_at = time.monotonic() + workload.start_up_s
             for tag in ("a", "b"):
                 job = start_workload(
-                    workload, f"{tag}-{policy}-{compute}", pair.a, [pair.b], 3,
-                    args.model_bytes, args.iterations, compute,
+                    workload, f"{tag}-{policy}-{compute}", pair.a, [pair.b],
+                    JobShape(3, args.model_bytes, args.iterations, compute),
                     start_at if workload.start_up_s else None,
                 )  # fmt: skip
                 jobs[job.job] = job

@@ -32,7 +32,7 @@ from tensorlights.testbed.cluster import Cluster
 from tensorlights.testbed.netns import Host
 from tensorlights.testbed.psjob import RunningJob
 from tensorlights.testbed.socket_holder import clean_env
-from tensorlights.testbed.workloads import Workload, start_workload
+from tensorlights.testbed.workloads import JobShape, Workload, start_workload
 
 log = logging.getLogger(__name__)
 
@@ -104,7 +104,8 @@ class LegacyTree:
         self.rebuilds = 0
         self.last_rebuild = 0.0
         self.index_of: dict[str, int] = {}
-        self.found: queue.Queue[dict[str, object]] = queue.Queue()
+        self.found: queue.Queue[tuple[str, list[int]]] = queue.Queue()
+        """(job, its local ports) as the port feed reports them."""
         self.feeder: subprocess.Popen[str] | None = None
 
     def _commands(self) -> list[list[str]]:
@@ -128,7 +129,8 @@ class LegacyTree:
     def _read_feed(self, feeder: subprocess.Popen[str]) -> None:
         assert feeder.stdout is not None
         for line in feeder.stdout:
-            self.found.put(json.loads(line))
+            found = json.loads(line)
+            self.found.put((str(found["job"]), [int(port) for port in found["ports"]]))
 
     def job_started(self, index: int, port: int, job: str) -> None:
         self.index_of[job] = index
@@ -143,11 +145,11 @@ class LegacyTree:
         if self.feeder is not None and self.feeder.poll() is not None:
             raise RuntimeError(f"the port feed exited with {self.feeder.returncode}")
         while not self.found.empty():
-            found = self.found.get()
-            index = self.index_of.get(str(found["job"]))
+            job, ports = self.found.get()
+            index = self.index_of.get(job)
             if index is not None:
-                for port in found["ports"]:  # type: ignore[attr-defined]
-                    self._add_port(index, int(port))
+                for port in ports:
+                    self._add_port(index, port)
         if self.rotate_every_s is None or now - self.last_rebuild < self.rotate_every_s:
             return
         self.green = (self.green + 1) % len(self.ports)
@@ -280,9 +282,10 @@ def run_trial(
                 spec = jobs[index]
                 tag = f"{scenario}-{spec.name}-{policy}-{rep}-{cluster.run_id}"
                 early = workloads[index].start_up_s > 0
+                shape = JobShape(spec.workers, spec.model_bytes, spec.iterations, spec.compute_s)
                 running[index] = start_workload(
-                    workloads[index], tag, ps, workers, spec.workers, spec.model_bytes,
-                    spec.iterations, spec.compute_s, started + spec.start_s if early else None,
+                    workloads[index], tag, ps, workers, shape,
+                    started + spec.start_s if early else None,
                 )  # fmt: skip
                 driver.job_started(index, running[index].port, running[index].job)
             driver.tick(now)

@@ -182,17 +182,30 @@ def start_job(
     return RunningJob(ps, started, int(line[1]))
 
 
+def tf_config_env(
+    cluster: dict[str, list[str]], task: str = "ps", index: int = 0
+) -> dict[str, str]:
+    """The TF_CONFIG a TensorFlow launcher gives task `task`:`index` of `cluster`."""
+    return {"TF_CONFIG": json.dumps({"cluster": cluster, "task": {"type": task, "index": index}})}
+
+
 def tf_launcher_env(tag: str, workers: int) -> dict[str, str]:
     """The TF_CONFIG a launcher would give job `tag`'s PS."""
-    cluster = {"ps": [f"ps-{tag}:1"], "worker": [f"w{i}-{tag}:1" for i in range(workers)]}
-    return {"TF_CONFIG": json.dumps({"cluster": cluster, "task": {"type": "ps", "index": 0}})}
+    return tf_config_env(
+        {"ps": [f"ps-{tag}:1"], "worker": [f"w{i}-{tag}:1" for i in range(workers)]}
+    )
+
+
+def launcher_job_id(env: dict[str, str]) -> str:
+    """The job id discovery gives a process with this launcher environment."""
+    found = launcher_job(env)
+    assert found is not None
+    return found[0]
 
 
 def tf_job_id(tag: str, workers: int) -> str:
     """The job id discovery gives job `tag`'s processes (from their TF_CONFIG)."""
-    found = launcher_job(tf_launcher_env(tag, workers))
-    assert found is not None
-    return found[0]
+    return launcher_job_id(tf_launcher_env(tag, workers))
 
 
 def collect_iterations(

@@ -19,12 +19,19 @@ import os
 import subprocess
 import sys
 from collections.abc import Sequence
+from dataclasses import dataclass
 from enum import StrEnum
 from pathlib import Path
 
-from tensorlights.discovery.rules import launcher_job
 from tensorlights.testbed.netns import Host
-from tensorlights.testbed.psjob import RunningJob, start_job, tf_job_id, tf_launcher_env
+from tensorlights.testbed.psjob import (
+    RunningJob,
+    launcher_job_id,
+    start_job,
+    tf_config_env,
+    tf_job_id,
+    tf_launcher_env,
+)
 from tensorlights.testbed.socket_holder import clean_env
 from tensorlights.testbed.torchjob import hidden_for
 
@@ -49,6 +56,21 @@ class Workload(StrEnum):
         return {"synthetic": 0.0, "torch-gloo": 15.0, "torch-rpc": 15.0, "tf-ps": 50.0}[self]
 
 
+@dataclass(frozen=True)
+class JobShape:
+    """What a job does, whichever framework runs it."""
+
+    workers: int
+    model_bytes: int
+    iterations: int
+    compute_s: float
+
+
+def round_robin(worker_hosts: Sequence[Host], workers: int) -> list[Host]:
+    """Where each worker runs: spread over the worker hosts in turn."""
+    return [worker_hosts[i % len(worker_hosts)] for i in range(workers)]
+
+
 def torchrun_env(run_id: str, rank: int, world_size: int, master: str) -> dict[str, str]:
     """The variables torchrun (static rendezvous, one process per node) gives a rank."""
     addr, _, port = master.rpartition(":")
@@ -66,10 +88,7 @@ def start_workload(
     tag: str,
     ps_host: Host,
     worker_hosts: Sequence[Host],
-    workers: int,
-    model_bytes: int,
-    iterations: int,
-    compute_s: float,
+    shape: JobShape,
     start_at: float | None = None,
 ) -> RunningJob:
     """Start job `tag`: its PS on `ps_host`, its workers round-robin over `worker_hosts`;
@@ -77,39 +96,48 @@ def start_workload(
     iteration until `start_at` (CLOCK_MONOTONIC) and is not waited for here; the synthetic
     job starts at once and is waited for until its PS listens."""
     if workload is Workload.SYNTHETIC:
-        env = clean_env(tf_launcher_env(tag, workers))
-        prefixes = [host.exec_args() for host in worker_hosts]
         job = start_job(
-            ps_host.exec_args(), prefixes, ps_host.ipv4, env, workers, model_bytes, iterations,
-            compute_s,
+            ps_host.exec_args(), [host.exec_args() for host in worker_hosts], ps_host.ipv4,
+            clean_env(tf_launcher_env(tag, shape.workers)), shape.workers, shape.model_bytes,
+            shape.iterations, shape.compute_s,
         )  # fmt: skip
-        job.job = tf_job_id(tag, workers)
+        job.job = tf_job_id(tag, shape.workers)
         return job
     if workload is Workload.TF_PS:
-        return start_tf_job(
-            ps_host, worker_hosts, workers, model_bytes, iterations, compute_s, start_at
-        )
+        return start_tf_job(ps_host, worker_hosts, shape, start_at)
+    transport = "rpc" if workload is Workload.TORCH_RPC else "gloo"
+    return start_torch_job(transport, tag, ps_host, worker_hosts, shape, start_at)
+
+
+def start_torch_job(
+    transport: str,
+    tag: str,
+    ps_host: Host,
+    worker_hosts: Sequence[Host],
+    shape: JobShape,
+    start_at: float | None,
+) -> RunningJob:
+    """testbed/torchjob.py's PS as torchrun's rank 0 on `ps_host`, its workers as ranks 1..n;
+    `tag` is the run id."""
     port = next(_master_ports)
     master = f"{ps_host.ipv4}:{port}"
-    transport = "rpc" if workload is Workload.TORCH_RPC else "gloo"
-    common = ["--hidden", str(hidden_for(model_bytes)), "--iterations", str(iterations),
-              "--transport", transport]  # fmt: skip
+    world = shape.workers + 1
+    common = ["--hidden", str(hidden_for(shape.model_bytes)), "--iterations",
+              str(shape.iterations), "--transport", transport]  # fmt: skip
     hold = [] if start_at is None else ["--start-at", repr(start_at)]
     ps = subprocess.Popen(
         ps_host.exec_args(*TORCH_MODULE, "ps", *common, "--ifname", ps_host.ifname, *hold),
-        stdout=subprocess.PIPE, text=True,
-        env=clean_env(torchrun_env(tag, 0, workers + 1, master)),
+        stdout=subprocess.PIPE, text=True, env=clean_env(torchrun_env(tag, 0, world, master)),
     )  # fmt: skip
-    placed = [worker_hosts[(rank - 1) % len(worker_hosts)] for rank in range(1, workers + 1)]
     ranks = [
         subprocess.Popen(
             host.exec_args(
                 *TORCH_MODULE, "worker", *common, "--ifname", host.ifname, "--batch",
-                str(TORCH_BATCH), "--compute", str(compute_s)),
+                str(TORCH_BATCH), "--compute", str(shape.compute_s)),
             stdout=subprocess.PIPE, text=True,
-            env=clean_env(torchrun_env(tag, rank, workers + 1, master)),
+            env=clean_env(torchrun_env(tag, rank, world, master)),
         )
-        for rank, host in enumerate(placed, start=1)
+        for rank, host in enumerate(round_robin(worker_hosts, shape.workers), start=1)
     ]  # fmt: skip
     return RunningJob(ps, ranks, port, job=f"torch/{tag}")
 
@@ -130,52 +158,42 @@ def tf_python() -> str:
     return python
 
 
-def _tf_config(cluster: dict[str, list[str]], task: str, index: int) -> dict[str, str]:
-    return {"TF_CONFIG": json.dumps({"cluster": cluster, "task": {"type": task, "index": index}})}
-
-
 def start_tf_job(
-    ps_host: Host,
-    worker_hosts: Sequence[Host],
-    workers: int,
-    model_bytes: int,
-    iterations: int,
-    compute_s: float,
-    start_at: float | None = None,
+    ps_host: Host, worker_hosts: Sequence[Host], shape: JobShape, start_at: float | None
 ) -> RunningJob:
     """The PS and the chief on `ps_host`, workers round-robin over `worker_hosts`. Fresh
     ports make each job's cluster spec, hence its id, its own."""
     python = tf_python()
-    placed = [worker_hosts[i % len(worker_hosts)] for i in range(workers)]
     cluster = {
         "chief": [f"{ps_host.ipv4}:{next(_tf_ports)}"],
         "ps": [f"{ps_host.ipv4}:{next(_tf_ports)}"],
-        "worker": [f"{host.ipv4}:{next(_tf_ports)}" for host in placed],
+        "worker": [
+            f"{host.ipv4}:{next(_tf_ports)}" for host in round_robin(worker_hosts, shape.workers)
+        ],
     }
     env = {"PYTHONPATH": str(CHECKOUT), "TF_CPP_MIN_LOG_LEVEL": "2"}
     module = [python, "-m", "tensorlights.testbed.tfjob"]  # its own interpreter
     servers = [
         subprocess.Popen(
             host.exec_args(*module, "server"), stdout=subprocess.DEVNULL,
-            env=clean_env({**env, **_tf_config(cluster, "worker", i)}),
+            env=clean_env({**env, **tf_config_env(cluster, "worker", i)}),
         )
-        for i, host in enumerate(placed)
+        for i, host in enumerate(round_robin(worker_hosts, shape.workers))
     ]  # fmt: skip
     ps = subprocess.Popen(
         ps_host.exec_args(*module, "server"), stdout=subprocess.DEVNULL,
-        env=clean_env({**env, **_tf_config(cluster, "ps", 0)}),
+        env=clean_env({**env, **tf_config_env(cluster)}),
     )  # fmt: skip
+    hold = [] if start_at is None else ["--start-at", repr(start_at)]
     chief = subprocess.Popen(
-        ps_host.exec_args(*module, "chief", "--iterations", str(iterations), "--model-bytes",
-                          str(model_bytes), "--compute", str(compute_s),
-                          *([] if start_at is None else ["--start-at", repr(start_at)])),
+        ps_host.exec_args(*module, "chief", "--iterations", str(shape.iterations),
+                          "--model-bytes", str(shape.model_bytes), "--compute",
+                          str(shape.compute_s), *hold),
         stdout=subprocess.PIPE, text=True,
-        env=clean_env({**env, **_tf_config(cluster, "chief", 0)}),
+        env=clean_env({**env, **tf_config_env(cluster, "chief")}),
     )  # fmt: skip
     port = int(cluster["ps"][0].rpartition(":")[2])
-    found = launcher_job(_tf_config(cluster, "ps", 0))
-    assert found is not None
-    return TfJob(chief, [], port, servers=[ps, *servers], job=found[0])
+    return TfJob(chief, port, [ps, *servers], launcher_job_id(tf_config_env(cluster)))
 
 
 class TfJob(RunningJob):
@@ -185,12 +203,11 @@ class TfJob(RunningJob):
     def __init__(
         self,
         chief: subprocess.Popen[str],
-        workers: list[subprocess.Popen[str]],
         port: int,
         servers: list[subprocess.Popen[bytes]],
         job: str,
     ) -> None:
-        super().__init__(chief, workers, port, job=job)
+        super().__init__(chief, [], port, job=job)
         self.servers = servers
 
     def received(self, timeout: float) -> list[list[float]]:
