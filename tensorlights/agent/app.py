@@ -122,8 +122,13 @@ class AgentApp:
             scanner = Scanner(config.rules, events=events, polling_reason=polling_reason)
             setup.callback(scanner.close)
             sampler = self._sampler(config)
-            loads = (lambda: sampler.loads(self.config.link_rate_bps or 1)) if sampler else dict
-            reconciler = Reconciler(config, scanner, dataplane, self._clock, loads)
+            if sampler is not None:
+                reconciler = Reconciler(
+                    config, scanner, dataplane, self._clock,
+                    lambda: sampler.loads(self.config.link_rate_bps or 1), sampler.started,
+                )  # fmt: skip
+            else:
+                reconciler = Reconciler(config, scanner, dataplane, self._clock)
             link = None
             if not config.standalone:
                 link = ControllerBinding(

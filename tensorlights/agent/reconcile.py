@@ -25,6 +25,8 @@ from tensorlights.policy.packing import JobLoad
 from tensorlights.policy.schedule import HostSchedule, PlanFollower
 
 Loads = Callable[[], Mapping[str, JobLoad]]
+Started = Callable[[], frozenset[str] | None]
+"""The jobs telemetry has seen push; None: not known (telemetry off)."""
 """What telemetry measures per job now (the `pack` policy's input)."""
 
 
@@ -110,6 +112,7 @@ class Reconciler:
         dataplane: Dataplane,
         clock: Callable[[], float] = time.monotonic,
         loads: Loads = dict,
+        started: Started = lambda: None,
     ) -> None:
         self.config = config
         self._scanner = scanner
@@ -118,6 +121,7 @@ class Reconciler:
         """The controller's plan while its lease runs, else the configured local policy."""
         self._clock = clock
         self._loads = loads
+        self._started = started
         self._written: DatapathSpec | None = None
         self._next_resync = float("-inf")
         self._fifo_cleared = False
@@ -182,7 +186,9 @@ class Reconciler:
             self._scanned = (now, snapshot)
         scanned = self._clock()
         loads = self._loads()
-        plan = self._policy.evaluate(now, shaped_jobs(snapshot, self.config.pod_shaping), loads)
+        plan = self._policy.evaluate(
+            now, shaped_jobs(snapshot, self.config.pod_shaping), loads, self._started()
+        )
         spec = desired_spec(self.config, snapshot, plan)
         ops, full = 0, False
         if spec is None:
@@ -220,7 +226,7 @@ class Reconciler:
         """What the next pass would program, touching nothing."""
         snapshot = self._scanner.scan()
         shaped = shaped_jobs(snapshot, self.config.pod_shaping)
-        plan = self._policy.evaluate(self._clock(), shaped, self._loads())
+        plan = self._policy.evaluate(self._clock(), shaped, self._loads(), self._started())
         spec = desired_spec(self.config, snapshot, plan)
         return plan, spec, (self._dataplane.plan(spec) if spec is not None else None)
 

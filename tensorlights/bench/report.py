@@ -45,7 +45,8 @@ def summary_table(summaries: Sequence[ScenarioSummary]) -> list[str]:
 def scenario_section(summary: ScenarioSummary, plot: str | None) -> list[str]:
     s = summary.scenario
     jobs = ", ".join(
-        f"{j.name} ({j.model_bytes / 1e6:g} MB x {j.workers} workers, {j.compute_s * 1e3:.0f} ms"
+        f"{j.name} ({j.workload}, {j.model_bytes / 1e6:g} MB x {j.workers} workers, "
+        f"{j.compute_s * 1e3:.0f} ms"
         f" compute, {j.iterations} it{f', +{j.start_s:g} s' if j.start_s else ''})"
         for j in s.jobs
     )
@@ -85,8 +86,10 @@ def markdown(
         "# TensorLights benchmark",
         "",
         f"Emulated cluster (network namespaces): one PS host whose {meta['rate']} egress is "
-        "the bottleneck, two worker hosts. Synthetic PS jobs (tensorlights.testbed.psjob), "
-        f"identified by TF_CONFIG only. {meta['reps']} repetition(s), medians reported. "
+        "the bottleneck, two worker hosts. PS jobs found by discovery alone: synthetic ones "
+        "(tensorlights.testbed.psjob, TF_CONFIG) and, in the r scenarios, real frameworks' "
+        "(testbed/workloads.py: PyTorch gloo and RPC with torchrun's variables, TensorFlow "
+        f"with TF_CONFIG). {meta['reps']} repetition(s), medians reported. "
         f"Agent rotation slot {meta['interval']}; the original prototype rebuilds its qdisc "
         f"every {meta['original_interval_s']:g} s. Policy pack: max slowdown 2 over a "
         f"{meta.get('starvation_window', '120s')} window. Machine: {meta.get('machine', '?')}.",

@@ -32,6 +32,7 @@ from tensorlights.errors import ConfigError
 from tensorlights.model import GREEN_BAND, NUM_BANDS
 from tensorlights.policy.packing import (
     MEASURE_GRACE_S,
+    MEASURED_AFTER,
     JobLoad,
     StarvationGuard,
     pack_order,
@@ -131,15 +132,17 @@ class BandPolicy:
         now: float,
         jobs: set[str] | frozenset[str],
         loads: Mapping[str, JobLoad] | None = None,
+        started: frozenset[str] | None = None,
     ) -> BandPlan:
-        """`loads`: what telemetry measured per job (used by `pack` only)."""
+        """`loads`: what telemetry measured per job; `started`: the jobs telemetry has seen
+        push (None: not known, all count as started). Both used by `pack` only."""
         previous_green = self._green
         self._track(jobs)
         if self.name is PolicyName.FIFO or not self._order:
             self._green = self._green_since = None
             return BandPlan({}, tuple(self._order), None, None, None, previous_green is not None)
         if self.name is PolicyName.PACK:
-            return self._pack(now, loads or {}, previous_green)
+            return self._pack(now, loads or {}, started, previous_green)
         if self.name is PolicyName.STATIC:
             self._set_green(self._order[0], now)
             next_change = None
@@ -161,15 +164,21 @@ class BandPolicy:
         )
 
     def _pack(
-        self, now: float, loads: Mapping[str, JobLoad], previous_green: str | None
+        self,
+        now: float,
+        loads: Mapping[str, JobLoad],
+        started: frozenset[str] | None,
+        previous_green: str | None,
     ) -> BandPlan:
         present = set(self._order)
-        self._guard.update(now, loads, present)
+        self._guard.update(now, loads, present, started)
         # Arrivals and departures take effect at once (an arrival joins at the end; when the
         # green job left, the next one is green) ...
         current = [job for job in self._packed if job in present]
         current += [job for job in self._order if job not in current]
-        demands = {job: load.demand for job, load in loads.items()}
+        demands = {
+            job: load.demand for job, load in loads.items() if load.iterations >= MEASURED_AFTER
+        }
         holding = self._guard.young(now, MEASURE_GRACE_S) - frozenset(demands)
         desired = pack_order(current, demands, self._guard.promoted, holding=holding)
         # ... a reorder waits for the green job's push to end (its iteration boundary).

@@ -209,6 +209,7 @@ class PlanFollower:
         now: float,
         jobs: set[str] | frozenset[str],
         loads: Mapping[str, JobLoad] | None = None,
+        started: frozenset[str] | None = None,
     ) -> BandPlan:
         if self.plan is not None and now < self.plan.lease_until:
             result = self.plan.evaluate(now, jobs, self.local.ps_bands, self._green)
@@ -216,7 +217,7 @@ class PlanFollower:
             if result.next_change_at is None or lease_end < result.next_change_at:
                 result = replace(result, next_change_at=lease_end)
         else:
-            result = self.local.evaluate(now, jobs, loads)
+            result = self.local.evaluate(now, jobs, loads, started)
             result = replace(result, rotated=result.green != self._green)
         self._green = result.green
         return result

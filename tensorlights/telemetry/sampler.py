@@ -115,6 +115,13 @@ class TelemetrySampler:
                     loads[job] = load
             return loads
 
+    def started(self) -> frozenset[str]:
+        """Jobs that have pushed at least a push's worth of bytes since tracking began: past
+        their start-up (imports, rendezvous, data loading), in which they send nothing."""
+        with self._lock:
+            minimum = self.tracker.min_push_bytes
+            return frozenset(job for job, n in self.tracker.sent_bytes.items() if n >= minimum)
+
     def sent_counters(self) -> dict[str, tuple[int, int]]:
         """Per job: (bytes acknowledged, data segments sent) since tracking began."""
         with self._lock:

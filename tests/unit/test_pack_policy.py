@@ -11,6 +11,7 @@ from tensorlights.errors import ConfigError
 from tensorlights.policy.bands import MAX_DEFER_S, BandPolicy, PolicyName
 from tensorlights.policy.packing import (
     MEASURE_GRACE_S,
+    MEASURED_AFTER,
     JobLoad,
     StarvationGuard,
     fits_together,
@@ -194,3 +195,34 @@ def test_pack_plan_is_always_a_strict_order_of_every_job(
         assert sorted(plan.order) == sorted(jobs) and plan.green == plan.order[0]
         assert plan.bands[plan.order[0]] == 0
         assert [plan.bands[j] for j in plan.order] == sorted(plan.bands.values())
+
+
+def test_start_up_without_traffic_is_not_starvation() -> None:
+    # Two jobs visible for 20 s of imports and rendezvous (nothing pushed), then a starts:
+    # b's window opens only when b starts pushing, so it is not promoted over a at once.
+    policy = _pack(starvation_window_s=30.0)
+    jobs = {"a", "b"}
+    for t in range(0, 20):
+        policy.evaluate(float(t), jobs, {}, frozenset())
+    assert policy.pack_view().lag_s == {"a": 0.0, "b": 0.0}
+    both = frozenset(jobs)
+    for t in range(20, 30):
+        loads = {"a": load(0.2, 0.2, 2 * (t - 20)), "b": load(0.2, 0.2, 0)}
+        plan = policy.evaluate(float(t), jobs, loads, both)
+    assert plan.green == "a" and not policy.promoted
+    assert policy.pack_view().lag_s["b"] == pytest.approx(9.0)
+    # Counted as before where nothing says who started (telemetry off): b has waited 29 s.
+    blind = _pack(starvation_window_s=30.0)
+    for t in range(0, 30):
+        blind.evaluate(float(t), jobs, {"a": load(0.2, 0.2, t), "b": load(0.2, 0.2, 0)})
+    assert "b" in blind.promoted
+
+
+def test_a_demand_from_the_first_iterations_does_not_reorder() -> None:
+    policy = _pack()
+    policy.evaluate(0.0, {"a", "b"}, {})
+    # b's first two iterations look light (start-up in its gaps): not a demand yet.
+    early = {"a": load(0.2, 0.2, 10), "b": load(0.2, 0.6, 2)}
+    assert policy.evaluate(2.0, {"a", "b"}, early).order == ("a", "b")
+    steady = {"a": load(0.2, 0.2, 10), "b": load(0.2, 0.6, MEASURED_AFTER)}
+    assert policy.evaluate(4.0, {"a", "b"}, steady).order == ("b", "a")
