@@ -157,8 +157,7 @@ class TelemetrySampler:
                 keys.append((job, target.key))
                 chosen_targets.append(target)
         ids = [target.kernel_id for target in chosen_targets]
-        infos = self._tcp_info(chosen_targets)
-        now = self._clock()
+        now, infos = self._tcp_info(chosen_targets)
         gone = {key for (_, key), info in zip(keys, infos, strict=True) if info is None}
         if gone:  # closed since the last scan
             present = {job: keys - gone for job, keys in present.items()}
@@ -184,15 +183,23 @@ class TelemetrySampler:
             self._on_iteration(iteration)
         return closed
 
-    def _tcp_info(self, targets: list[_Target]) -> list[TcpInfo | None]:
-        """One batch of exact lookups per network namespace, answers in `targets`' order. A
-        pod's namespace that cannot be entered any more (its PS is gone) answers None."""
+    def _tcp_info(self, targets: list[_Target]) -> tuple[float, list[TcpInfo | None]]:
+        """When the lookups were sent, and one batch of exact lookups per network namespace,
+        answers in `targets`' order. A pod's namespace that cannot be entered any more (its
+        PS is gone) answers None.
+
+        The kernel computes each connection's last-ACK age while it answers, inside the send:
+        the round's time is read just before, not after the answers are parsed -- a thread
+        descheduled in between (2 cores shared with the jobs, the GIL with the main loop)
+        would date every completion of the round that much late (32 ms seen in CI)."""
         by_netns: dict[int | None, list[int]] = {}
         for index, target in enumerate(targets):
             by_netns.setdefault(target.netns, []).append(index)
+        diags = {netns: self._diag_in(netns) for netns in by_netns}  # setns first: it is slow
         infos: list[TcpInfo | None] = [None] * len(targets)
+        now = self._clock()
         for netns, indexes in by_netns.items():
-            diag = self._diag_in(netns)
+            diag = diags[netns]
             if diag is None:
                 continue
             answers = diag.tcp_info([targets[i].kernel_id for i in indexes])
@@ -202,7 +209,7 @@ class TelemetrySampler:
         # stays open rather than being made again next round).
         for netns in set(self._diags) - set(self._paths) - {None}:
             self._diags.pop(netns).close()
-        return infos
+        return now, infos
 
     def _diag_in(self, netns: int | None) -> SockDiag | None:
         diag = self._diags.get(netns)
