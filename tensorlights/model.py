@@ -282,9 +282,13 @@ class TcpInfo(NamedTuple):
     unacked: int
     """Segments in flight, not yet acknowledged."""
     last_data_sent_ms: int
+    last_data_recv_ms: int
+    """Since data last arrived from the peer: a worker's answer (its gradient, its next
+    request) between two pushes."""
     last_ack_recv_ms: int
     rtt_us: int
     bytes_acked: int
+    bytes_received: int
     segs_out: int
     notsent_bytes: int
     data_segs_out: int

@@ -1,13 +1,27 @@
 """Samples tcp_info of every PS connection the latest discovery scan found, on its own thread
 and socket, and turns the samples into iterations (straggler.py).
 
+Each job is sampled at its own interval. A push is measured exactly only if a sample falls in
+the idle gap after it (straggler.py), and the gaps are the workers' compute: 20 ms to seconds.
+So a job is sampled GAP_SAMPLES times per gap before its workers' answers, the shortest of its
+recent ones, between MIN_INTERVAL_S and the configured interval; a new job, whose gaps are not
+known yet, every START_INTERVAL_S for its first START_FOR_S (then the configured interval until
+it answers: a job whose workers do not answer on the push connections).
+
+A job with a push in flight is also sampled just after that push should end (what is left to
+send at the connection's delivery rate): in the instant between a push's end and whatever the
+PS sends next on the connection (gloo's notice that it is ready for the gradient), whose ACK
+would otherwise stand for the push's end.
+
 Cost: one batch of exact inet_diag lookups per round (no hash-table walk), ~7 us per
-connection sampled; jobs whose workers are computing are sampled through one connection per
-round (see sample_once), so the cost follows the share of time spent pushing.
+connection sampled; jobs at the configured interval whose workers are computing are sampled
+through one connection per round (see sample_once), so the cost follows the share of time
+spent pushing and, per job, how short its gaps are.
 """
 
 from __future__ import annotations
 
+import math
 import threading
 import time
 from collections import deque
@@ -25,6 +39,11 @@ RECENT_ITERATIONS = 200
 LOAD_ITERATIONS = 5
 """A job's load is the median of its last this many iterations."""
 FULL_ROUND_EVERY = 10
+MIN_INTERVAL_S = 0.005
+START_INTERVAL_S = 0.02
+START_FOR_S = 5.0
+GAP_SAMPLES = 3
+END_MARGIN_S = 0.002
 KEEP_ENDED_JOBS_S = 60.0
 """A finished job's last iterations stay in `recent()` this long (its final push closes only
 when its connections are gone, i.e. after it ended)."""
@@ -65,6 +84,9 @@ class TelemetrySampler:
         self._round = 0
         self._paths: dict[int | None, str] = {}
         self._known_jobs: set[str] = set()
+        self._due: dict[str, float] = {}
+        """When each job is to be sampled next."""
+        self._first_seen: dict[str, float] = {}
         self.sampled_connections = 0
         """Connection samples taken so far (the cost driver)."""
 
@@ -145,10 +167,18 @@ class TelemetrySampler:
         chosen_targets: list[_Target] = []
         busy = self.tracker.busy_jobs()
         pushing = self.tracker.pushing_connections()
+        due_by = self._clock() + MIN_INTERVAL_S / 2
+        intervals = {}
         for job, conns in by_job.items():
-            if not conns:
+            if not conns or self._due.get(job, due_by) > due_by:
                 continue
-            if self._round % FULL_ROUND_EVERY == 0 or job in busy or job not in self._known_jobs:
+            intervals[job] = interval = self._interval(job, due_by)
+            if (
+                self._round % FULL_ROUND_EVERY == 0
+                or job in busy
+                or job not in self._known_jobs
+                or interval < self.interval_s
+            ):
                 chosen = conns
             else:
                 watch = [target for target in conns if target.key in pushing] or conns
@@ -162,12 +192,24 @@ class TelemetrySampler:
         if gone:  # closed since the last scan
             present = {job: keys - gone for job, keys in present.items()}
         samples = [(job, key, info) for (job, key), info in zip(keys, infos, strict=True) if info]
+        ends = _push_ends(samples)
+        for job, interval in intervals.items():
+            end = ends.get(job)
+            if end is not None:  # sampled again right after its first push in flight ends
+                interval = min(interval, max(end + END_MARGIN_S, MIN_INTERVAL_S))
+            if interval >= self.interval_s:  # on one grid: such jobs share their rounds
+                self._due[job] = (round(now / interval) + 1) * interval
+            else:
+                self._due[job] = now + interval
         self.sampled_connections += len(ids)
         self._known_jobs = set(by_job)
         with self._lock:
             closed = self.tracker.observe(now, samples, present)
             for job in present:
                 self._last_seen[job] = now
+            for job in self._due.keys() - present.keys():
+                self._due.pop(job)
+                self._first_seen.pop(job, None)
             for job, seen in list(self._last_seen.items()):
                 if now - seen > KEEP_ENDED_JOBS_S:
                     del self._last_seen[job]
@@ -182,6 +224,17 @@ class TelemetrySampler:
         for iteration in closed:
             self._on_iteration(iteration)
         return closed
+
+    def _interval(self, job: str, now: float) -> float:
+        """How long until `job` is sampled again (see the module doc)."""
+        gaps = self.tracker.answer_gaps(job)
+        if gaps:
+            interval = min(gaps) / GAP_SAMPLES
+        elif now - self._first_seen.setdefault(job, now) < START_FOR_S:
+            interval = START_INTERVAL_S
+        else:
+            interval = self.interval_s
+        return min(max(interval, MIN_INTERVAL_S), self.interval_s)
 
     def _tcp_info(self, targets: list[_Target]) -> tuple[float, list[TcpInfo | None]]:
         """When the lookups were sent, and one batch of exact lookups per network namespace,
@@ -235,7 +288,6 @@ class TelemetrySampler:
         self._thread.start()
 
     def _run(self) -> None:
-        next_at = self._clock()
         while not self._stop.is_set():
             try:
                 self.sample_once()
@@ -243,15 +295,25 @@ class TelemetrySampler:
             except (TensorLightsError, OSError) as exc:
                 self.last_error = f"{type(exc).__name__}: {exc}"
                 self._close_diags()
-            next_at += self.interval_s
-            delay = next_at - self._clock()
-            if delay < 0:  # fell behind: keep the cadence, skip the missed rounds
-                next_at = self._clock()
-                delay = 0
-            self._stop.wait(delay)
+            # The next job due; each keeps its own cadence (a late round is not made up).
+            now = self._clock()
+            next_at = min(self._due.values(), default=now + self.interval_s)
+            self._stop.wait(min(max(next_at - now, 0.0), self.interval_s))
 
     def stop(self) -> None:
         self._stop.set()
         if self._thread is not None:
             self._thread.join(timeout=5)
         self._close_diags()
+
+
+def _push_ends(samples: list[tuple[str, str, TcpInfo]]) -> dict[str, float]:
+    """Per job with a push in flight: how soon the first of its pushes should end."""
+    ends: dict[str, float] = {}
+    for job, _, info in samples:
+        if info.unacked == 0 and info.notsent_bytes == 0:
+            continue
+        left = info.notsent_bytes + max(0, info.bytes_sent - info.bytes_acked)
+        end = left / info.delivery_rate if info.delivery_rate > 0 else math.inf
+        ends[job] = min(ends.get(job, math.inf), end)
+    return {job: end for job, end in ends.items() if math.isfinite(end)}

@@ -1,12 +1,13 @@
 """Parameter pushes, their completion per worker, and the straggler spread (pure).
 
-Input: samples of each PS connection's tcp_info (bytes acked, data in flight, and the age of
-the last ACK in milliseconds), taken every ~100 ms. A connection is *idle* when nothing is in
-flight or waiting to be sent. A push to a worker has completed when the connection is idle
-again and its acked bytes grew by at least `min_push_bytes` since it was last idle; it
-completed when the last ACK arrived: sample time - last_ack_recv. That is exact to the
-millisecond however coarse the sampling, as long as a sample falls in the idle gap between two
-pushes (the workers' compute time): sample at least twice as often as that gap is long.
+Input: samples of each PS connection's tcp_info (bytes acked and received, data in flight,
+the ages of the last ACK and the last data received in milliseconds), taken every 5-100 ms.
+A connection is *idle* when nothing is in flight or waiting to be sent. A push to a worker
+has completed when the connection is idle again and its acked bytes grew by at least
+`min_push_bytes` since it was last idle; it completed when the last ACK arrived: sample
+time - last_ack_recv. That is exact to the millisecond however coarse the sampling, as long
+as a sample falls in the idle gap between two pushes (the workers' compute time): sample at
+least twice as often as that gap is long.
 
 Each push lies in its *start window*: after the last sample that saw the connection idle, no
 later than the first sample that saw it busy (or the completion). The pushes of one iteration
@@ -17,10 +18,28 @@ unless its connection already completed there, or a quiet round fell between the
 iteration's first push (the earliest start_by) and this push's start (its start_after). While
 sampling is under half the compute time, a quiet round falls between any two iterations. An
 iteration closes when every connection of the job has completed in it, when the next one
-begins, or when the job ends. The iteration's start window is that of its first push. Spread =
-last completion - first; period = time between the last completions of consecutive
-iterations; push time = last completion - the earliest estimated push start (completion -
-bytes / delivery rate: an estimate).
+begins, or when the job ends.
+
+Workers *answer* on the connection a push came on: their gradient (gloo, the synthetic
+job), an RPC's response (torch.distributed.rpc), the next request (TensorFlow's reads and
+updates). An answer is ANSWER_MIN_BYTES or more received while the connection is between
+pushes, dated by the kernel's last_data_recv. Once a job has answered, its pushes are grouped
+by the answers, not by quiet rounds, so fast sampling neither splits one iteration at the
+instant between gloo's one-after-the-other pushes nor counts one push written in parts (RPC
+framing, several tensors, gRPC's flow-control stalls) as two: a completion on a connection
+that has not answered since its previous completion is the same push, joined; one on a
+connection that has answered since begins the next iteration, and so does a push that
+started after every push of the open iteration had been answered (a synchronous PS pushes
+again only then; gloo pushes to the next worker in line before the first answers). Such an
+iteration closes once every connection that pushes has completed in it and answered. What
+was grouped before the job's first answer is dropped (a job with no answer ONE_WAY_AFTER_S
+after its first push is grouped by quiet rounds, its iterations so far reported then). The
+sampler keeps each job's sampling interval under the gaps before its answers (sampler.py).
+
+The iteration's start window is that of its first push. Spread = last completion - first;
+period = time between the last completions of consecutive iterations; push time = last
+completion - the earliest estimated push start (completion - bytes / delivery rate: an
+estimate).
 """
 
 from __future__ import annotations
@@ -36,6 +55,20 @@ DEFAULT_MIN_PUSH_BYTES = 16 * 1024
 MAX_OPEN_ITERATION_S = 30.0
 QUIET_ROUNDS_KEPT = 8
 """Recent quiet rounds remembered per job: more than fall inside one iteration's pushes."""
+ANSWER_MIN_BYTES = 1024
+"""Received between pushes, this is a worker's answer; less is protocol chatter (HTTP/2
+WINDOW_UPDATE and PING frames are 13-17 bytes)."""
+ANSWER_AFTER_S = 0.004
+"""An answer arrives this long after the push it answers ended (the kernel's 4 ms tick): a
+frame read at the push's last byte is the receiver's, not an answer."""
+ONE_WAY_AFTER_S = 1.0
+"""A job none of whose workers answered this long after its first push completed does not
+answer (its pushes are grouped by quiet rounds)."""
+ANSWERS_KEPT = 4
+TAIL_BYTES = 256
+"""A control message's size at most, what a push may leave unacknowledged after it (gloo's
+is tens of bytes; a push's own last segment, in flight behind a queue, is most often more)."""
+GAPS_KEPT = 8
 
 
 @dataclass(frozen=True)
@@ -84,6 +117,21 @@ class _Connection:
     pushed: bool = False
     """Has completed a push: not one of the job's control connections (a TCPStore's, a
     launcher's), which stay idle while the pushes go out on the others."""
+    recv_mark: int = 0
+    """bytes_received from which an answer is counted (reset while a push is seen going on:
+    what arrives during a push is chatter)."""
+    last_done: float | None = None
+    """When its latest push completed."""
+    answers: deque[float] = field(default_factory=lambda: deque(maxlen=ANSWERS_KEPT))
+    tail: tuple[float, int] | None = None
+    """(last ACK's time, bytes acked) at the latest busy sample with no more than TAIL_BYTES
+    in one segment outstanding and nothing left to send: the push done but for a small
+    message after it (gloo's PS tells a worker it is ready for its gradient), whose ACK the
+    worker may hold back for a round trip or until it answers."""
+    """When its latest answers arrived."""
+
+    def answered(self, after: float, until: float) -> bool:
+        return any(after < at <= until for at in self.answers)
 
 
 @dataclass
@@ -97,6 +145,15 @@ class _Job:
     last_done: float | None = None
     warming_up: bool = True
     """Some connection was first seen mid-push: iterations are incomplete, not reported."""
+    answering: bool | None = None
+    """Its workers answer on the push connections (pushes are grouped by the answers), or
+    not (by quiet rounds); None until known: nothing is reported before."""
+    held: list[Iteration] = field(default_factory=list)
+    """Closed while `answering` was unknown, by quiet rounds: reported if that was right."""
+    first_done: float | None = None
+    """Its first push's completion (a job with no answer ONE_WAY_AFTER_S later has none)."""
+    gaps: deque[float] = field(default_factory=lambda: deque(maxlen=GAPS_KEPT))
+    """Recent times from a push's completion to its answer: the workers' compute."""
 
 
 class StragglerTracker:
@@ -116,6 +173,17 @@ class StragglerTracker:
             for conn in self._connections.values()
             if conn.busy_at is not None or not conn.primed
         }
+
+    def answer_gaps(self, job: str) -> list[float]:
+        """The job's recent times from a push's end to its worker's answer (empty: none seen,
+        or a job whose workers do not answer on the push connections)."""
+        state = self._jobs.get(job)
+        return list(state.gaps) if state is not None else []
+
+    def last_push_end(self, connection: str) -> float | None:
+        """When the connection's latest push ended (None: none seen end)."""
+        conn = self._connections.get(connection)
+        return conn.last_done if conn is not None else None
 
     def pushing_connections(self) -> set[str]:
         """Connections that have completed a push: the ones that show a job's push begin."""
@@ -138,9 +206,17 @@ class StragglerTracker:
                 present.setdefault(job, set()).add(key)
         completions: dict[str, list[Completion]] = {}
         for job, key, info in samples:
-            completion = self._observe_connection(now, job, key, info)
+            completion, gap = self._observe_connection(now, job, key, info)
             if completion is not None:
                 completions.setdefault(job, []).append(completion)
+            if gap is not None:
+                answering = self._jobs.setdefault(job, _Job())
+                if not answering.answering:
+                    # Grouped by the answers from now on; those grouped before by quiet
+                    # rounds are dropped, and the iteration that closes next anchors the period.
+                    answering.answering, answering.last_done = True, None
+                    answering.held.clear()
+                answering.gaps.append(gap)
         for key in self._connections.keys() - set().union(*present.values()):
             del self._connections[key]
         closed: list[Iteration] = []
@@ -148,12 +224,22 @@ class StragglerTracker:
             state = self._jobs.pop(job)  # the job ended: its last iteration is complete
             if state.open:
                 closed.extend(self._close(job, state))
+            closed.extend(state.held)  # it never answered
             self.sent_bytes.pop(job, None)
             self.sent_packets.pop(job, None)
         for job, finished in completions.items():
             state = self._jobs.setdefault(job, _Job())
             self._update_membership(state, present.get(job, set()))
             for completion in sorted(finished, key=lambda c: c.at):
+                if state.first_done is None:
+                    state.first_done = completion.at
+                elif state.answering is None and completion.at - state.first_done > ONE_WAY_AFTER_S:
+                    state.answering = False
+                    closed.extend(state.held)
+                    state.held.clear()
+                if state.answering:
+                    closed.extend(self._place_by_answers(job, state, completion))
+                    continue
                 after, by = state.window
                 if state.open and (
                     completion.connection in state.open
@@ -165,9 +251,10 @@ class StragglerTracker:
                 if completion.start_by < by:  # the first push so far
                     after, by = completion.start_after, completion.start_by
                 state.window = (after, by)
+        sampled = {job for job, _, _ in samples}
         for job, state in self._jobs.items():
             keys = present.get(job, set())
-            if not any(
+            if job in sampled and not any(
                 (conn := self._connections.get(key)) is not None and conn.busy_at is not None
                 for key in keys
             ):
@@ -175,11 +262,53 @@ class StragglerTracker:
             if not state.open:
                 continue
             self._update_membership(state, keys)
-            if state.known <= state.open.keys() or (
-                now - min(c.at for c in state.open.values()) > MAX_OPEN_ITERATION_S
-            ):
+            if (
+                self._answered_in_full(state)
+                if state.answering
+                else state.known <= state.open.keys()
+            ) or now - min(c.at for c in state.open.values()) > MAX_OPEN_ITERATION_S:
                 closed.extend(self._close(job, state))
         return closed
+
+    def _place_by_answers(self, job: str, state: _Job, completion: Completion) -> list[Iteration]:
+        """Puts a completion of an answering job in the open iteration or the next (see the
+        module doc); returns the iteration that closed to make room, if any."""
+        conn = self._connections[completion.connection]
+        earlier = state.open.get(completion.connection)
+        if earlier is not None and not conn.answered(earlier.at, completion.at):
+            # The same push, written in parts: its worker has not answered in between.
+            state.open[completion.connection] = _joined(earlier, completion)
+            return []
+        closed: list[Iteration] = []
+        if state.open and (earlier is not None or self._all_answered(state, completion.start_by)):
+            closed = self._close(job, state)
+        state.open[completion.connection] = completion
+        if completion.start_by < state.window[1]:  # the first push so far
+            state.window = (completion.start_after, completion.start_by)
+        return closed
+
+    def _all_answered(self, state: _Job, by: float) -> bool:
+        """Whether every push of the open iteration had been answered by `by`: a push that
+        started then belongs to the next iteration (a synchronous PS pushes again only once
+        every worker has answered; gloo's next worker in line is pushed to before)."""
+        return all(
+            (conn := self._connections.get(key)) is not None and conn.answered(done.at, by)
+            for key, done in state.open.items()
+        )
+
+    def _answered_in_full(self, state: _Job) -> bool:
+        """Every connection that pushes (or is pushing now: one that has not pushed before
+        may be next in line) has completed in the open iteration and answered."""
+        pushing = {
+            key
+            for key in state.known
+            if (conn := self._connections[key]).pushed or conn.busy_at is not None
+        }
+        return pushing <= state.open.keys() and all(
+            self._connections[key].answered(done.at, math.inf)
+            for key, done in state.open.items()
+            if key in self._connections
+        )
 
     def _update_membership(self, state: _Job, keys: set[str]) -> None:
         """Every measurable connection of the job: an iteration is complete when each has
@@ -191,15 +320,17 @@ class StragglerTracker:
 
     def _observe_connection(
         self, now: float, job: str, key: str, info: TcpInfo
-    ) -> Completion | None:
+    ) -> tuple[Completion | None, float | None]:
+        """The push this sample shows completed, if any, and the gap from a push's end to the
+        worker's answer, if this sample shows an answer."""
         state = self._connections.get(key)
         idle = info.unacked == 0 and info.notsent_bytes == 0
         if state is None:
             self._connections[key] = _Connection(
                 job, info.bytes_acked, info.bytes_acked, idle, idle_at=now,
-                segs_last=info.data_segs_out,
+                segs_last=info.data_segs_out, recv_mark=info.bytes_received,
             )  # fmt: skip
-            return None
+            return None, None
         if info.bytes_acked > state.acked_last:
             self.sent_bytes[job] = self.sent_bytes.get(job, 0) + info.bytes_acked - state.acked_last
         state.acked_last = info.bytes_acked
@@ -208,20 +339,51 @@ class StragglerTracker:
                 self.sent_packets.get(job, 0) + info.data_segs_out - state.segs_last
             )
         state.segs_last = info.data_segs_out
-        grown = info.bytes_acked - state.acked_when_idle
-        if not idle:
+        answered_before = state.last_done
+        answer_at = None
+        if info.bytes_received - state.recv_mark >= ANSWER_MIN_BYTES:
+            answer_at = now - info.last_data_recv_ms / 1000.0
+        if answer_at is not None or not idle:
+            # What arrives while a push is going on is chatter, not an answer.
+            state.recv_mark = info.bytes_received
+        completion = None
+        if idle:
+            completion = self._idle(key, state, now, info)
+        else:
             if state.busy_at is None:
                 state.busy_at = now
-            return None
-        idle_before, busy_at = state.idle_at, state.busy_at
+            if (
+                info.unacked <= 1
+                and info.notsent_bytes == 0
+                and info.bytes_sent - info.bytes_acked <= TAIL_BYTES
+            ):
+                state.tail = (now - info.last_ack_recv_ms / 1000.0, info.bytes_acked)
+        if answer_at is None:
+            return completion, None
+        if completion is not None and answer_at > completion.at + ANSWER_AFTER_S:
+            answered_before = completion.at  # the answer to the push that just ended
+        if answered_before is None or answer_at <= answered_before + ANSWER_AFTER_S:
+            return completion, None
+        state.answers.append(answer_at)
+        return completion, answer_at - answered_before
+
+    def _idle(self, key: str, state: _Connection, now: float, info: TcpInfo) -> Completion | None:
+        """The connection seen idle: the push that ended since, if any."""
+        grown = info.bytes_acked - state.acked_when_idle
+        idle_before, busy_at, tail = state.idle_at, state.busy_at, state.tail
         state.acked_when_idle, state.idle_at, state.busy_at = info.bytes_acked, now, None
+        state.tail = None
+        at = _delivered_at(now, info)
+        if tail is not None and info.bytes_acked - tail[1] < TAIL_BYTES:
+            at = min(at, tail[0])  # a small message after the push, acked later
         if not state.primed:  # first seen mid-push: that push's start is unknown
             state.primed = True
+            state.last_done = at  # but its answer is one
             return None
         if grown < self.min_push_bytes:
             return None
         state.pushed = True
-        at = now - info.last_ack_recv_ms / 1000.0
+        state.last_done = at
         duration = grown / info.delivery_rate if info.delivery_rate > 0 else 0.0
         return Completion(
             connection=key,
@@ -260,4 +422,32 @@ class StragglerTracker:
             idle_before_s=idle,
         )
         state.last_done = last
+        if state.answering is None:  # held until it is known how to group its pushes
+            state.held.append(iteration)
+            return []
         return [iteration]
+
+
+def _joined(first: Completion, rest: Completion) -> Completion:
+    """One push seen as two completions: its start is the first part's, its end the last's."""
+    return Completion(
+        connection=first.connection,
+        at=rest.at,
+        pushed_bytes=first.pushed_bytes + rest.pushed_bytes,
+        started_at=first.started_at,
+        start_after=first.start_after,
+        start_by=first.start_by,
+    )
+
+
+def _delivered_at(now: float, info: TcpInfo) -> float:
+    """When the worker had the last byte of the push: when the last ACK arrived -- unless the
+    last ACK came with data from the worker (a worker that answers soon turns its connection
+    interactive, and Linux then holds a final ACK back to ride on the answer; and an answer's
+    segments carry ACKs too): then a smoothed round trip after the last data left, if that
+    is earlier."""
+    acked = now - info.last_ack_recv_ms / 1000.0
+    if info.last_data_recv_ms > info.last_ack_recv_ms:
+        return acked
+    sent = now - info.last_data_sent_ms / 1000.0
+    return min(acked, sent + info.rtt_us / 1e6)

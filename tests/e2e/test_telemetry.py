@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import time
 from pathlib import Path
 
 import pytest
@@ -17,6 +18,7 @@ from tensorlights.testbed.psjob import (
     tf_launcher_env,
 )
 from tensorlights.testbed.socket_holder import clean_env
+from tensorlights.testbed.workloads import JobShape, Workload, start_workload
 
 from .agentproc import AgentProcess, metric
 
@@ -80,3 +82,35 @@ def test_measured_spread_and_period_match_the_workers_own_log(
     assert code == 200
     if policy == "rotate":
         assert metric(text, "tensorlights_band_bytes_total", 'band="0"') > 0
+
+
+@pytest.mark.parametrize("workload", [Workload.TORCH_GLOO, Workload.TORCH_RPC])
+def test_real_jobs_with_20_ms_of_compute_are_measured_iteration_by_iteration(
+    pair: netns.HostPair, tmp_path: Path, agents: list[AgentProcess], workload: Workload
+) -> None:
+    """Gaps of ~20 ms between pushes, five times shorter than the configured sampling: the
+    sampler adapts to the job's answers, gloo's one-after-the-other pushes and its ready-to-
+    receive notices, RPC's framing, and the workers' ACKs held back for their answers are
+    all measured as they are."""
+    (tmp_path / "agent.toml").write_text("[discovery]\ntorch_ps_ranks = [0]\n")
+    netns.fifo_bottleneck(pair.a.ns, "veth-a", "200mbit")
+    agent = AgentProcess(pair, tmp_path, "--policy", "fifo", "--interval", "1s")
+    agents.append(agent)
+    agent.wait_status(lambda d: "telemetry" in d)
+    shape = JobShape(workers=2, model_bytes=2_000_000, iterations=ITERATIONS, compute_s=0.02)
+    start_at = time.monotonic() + workload.start_up_s
+    job = start_workload(workload, "short", pair.a, [pair.b], shape, start_at)
+    try:
+
+        def status() -> AgentStatus | None:
+            document = agent.status()
+            return AgentStatus.from_json(document) if document and "version" in document else None
+
+        truths, measured = collect_iterations(status, {job.job: job})
+    finally:
+        job.kill()
+    agreement = compare(truths[job.job], measured[job.job])
+    assert agreement.iterations == ITERATIONS
+    assert agreement.matched >= ITERATIONS - WARM_UP, agreement
+    assert agreement.spread_ok >= agreement.matched - 2, agreement
+    assert agreement.period_ok >= agreement.period_checked - 1, agreement

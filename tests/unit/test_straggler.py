@@ -3,7 +3,7 @@ behave like a PS pushing to workers that compute in between."""
 
 from __future__ import annotations
 
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 
 import pytest
 from hypothesis import given, settings
@@ -13,6 +13,7 @@ from tensorlights.model import TcpInfo
 from tensorlights.telemetry.straggler import StragglerTracker
 
 MODEL = 1_000_000
+GRADIENT = 4096
 
 
 @dataclass
@@ -20,6 +21,8 @@ class FakeConnection:
     """What the kernel would report for one PS->worker connection over time."""
 
     pushes: list[tuple[float, float]]  # (start, done) of each push
+    answers: list[float] = field(default_factory=list)
+    """When the worker's answers (gradients) arrived; none: a PS that only pushes."""
 
     def info(self, now: float) -> TcpInfo:
         done = [p for p in self.pushes if p[1] <= now]
@@ -29,14 +32,17 @@ class FakeConnection:
             start, end = next(p for p in self.pushes if p[0] <= now < p[1])
             acked += int(MODEL * (now - start) / (end - start))
         last_ack = max((p[1] for p in done), default=0.0)
+        answered = [at for at in self.answers if at <= now]
         if busy:
             last_ack = now
         return TcpInfo(
             unacked=10 if busy else 0,
             last_data_sent_ms=0,
+            last_data_recv_ms=round((now - max(answered, default=0.0)) * 1000),
             last_ack_recv_ms=round((now - last_ack) * 1000),
             rtt_us=100,
             bytes_acked=acked,
+            bytes_received=GRADIENT * len(answered),
             segs_out=0,
             notsent_bytes=0,
             data_segs_out=len(done),
@@ -145,7 +151,7 @@ def test_pushes_sent_one_worker_after_the_other_are_one_iteration(
 
 def test_small_messages_are_not_pushes_and_bytes_are_counted() -> None:
     tracker = StragglerTracker(min_push_bytes=16 * 1024)
-    base = TcpInfo(0, 0, 0, 100, 0, 0, 0, 0, 10**6, 0)
+    base = TcpInfo(0, 0, 0, 0, 100, 0, 0, 0, 0, 0, 10**6, 0)
     tracker.observe(0.0, [("job", "c", base)])
     assert tracker.observe(0.1, [("job", "c", base._replace(bytes_acked=500))]) == []
     assert tracker.sent_bytes["job"] == 500
@@ -167,6 +173,7 @@ def test_connections_first_seen_mid_push_are_not_measured_for_that_push() -> Non
             now, [("j", str(i), c.info(now)) for i, c in enumerate(connections)]
         )
         now = round(now + 0.1, 6)
+    closed += tracker.observe(now, [])  # ended (within a second of its first push)
     # iteration 0: unknown start; iteration 1: anchors the period; then 2 and 3 are measured.
     assert [round(it.spread, 3) for it in closed] == [0.05, 0.05]
 
@@ -202,10 +209,118 @@ def test_connections_that_never_push_are_not_the_ones_watched_for_a_push() -> No
     # throughout, it must not be the one the sampler watches between iterations.
     connections = job_pushes(3, [[0.0, 0.0]] * 3)
     tracker = StragglerTracker(min_push_bytes=1000)
-    control = TcpInfo(0, 0, 900, 100, 576, 0, 0, 0, 10**6, 576)
+    control = TcpInfo(0, 0, 0, 900, 100, 576, 0, 0, 0, 0, 10**6, 576)
     now = 0.0
     while now < 3.0:
         samples = [("j", str(i), c.info(now)) for i, c in enumerate(connections)]
         tracker.observe(now, [*samples, ("j", "store", control)])
         now = round(now + 0.1, 6)
     assert tracker.pushing_connections() == {"0", "1"}
+
+
+def answering_job(
+    iterations: int,
+    workers: int,
+    compute: float,
+    push: float,
+    serial: bool = False,
+    parts: int = 1,
+    stall: float = 0.0,
+) -> tuple[list[FakeConnection], list[list[float]]]:
+    """A synchronous PS whose workers answer on the push connection: each worker's gradient
+    arrives `compute` after it has its parameters, and the next pushes start 1 ms after the
+    last gradient. `serial`: one worker after the other (gloo). Each push is written in
+    `parts` pieces with `stall` of idle between them (a framework's framing, several tensors,
+    flow-control stalls). Returns the connections and, per iteration, when each worker had
+    its parameters."""
+    connections = [FakeConnection([]) for _ in range(workers)]
+    truth: list[list[float]] = []
+    t = 1.0
+    for _ in range(iterations):
+        done = []
+        for conn in connections:
+            start = t
+            for _ in range(parts):
+                conn.pushes.append((t, t + push / parts))
+                t += push / parts + stall
+            t -= stall
+            done.append(t)
+            if not serial:
+                t = start
+        truth.append(done)
+        for conn, had in zip(connections, done, strict=True):
+            conn.answers.append(had + compute)
+        t = max(done) + compute + 0.001
+    return connections, truth
+
+
+@settings(max_examples=80, deadline=None)
+@given(
+    st.integers(2, 4),
+    st.floats(0.02, 0.5),
+    st.floats(0.004, 0.1),
+    st.booleans(),
+    st.integers(1, 3),
+    st.floats(0.0005, 0.008),
+    st.floats(0.0, 1.0),
+)
+def test_answered_pushes_sampled_fast_are_grouped_into_whole_iterations(
+    workers: int, compute: float, push: float, serial: bool, parts: int, stall: float, phase: float
+) -> None:
+    """Sampled faster than the compute (a third of it), as the sampler adapts to: neither the
+    instants between gloo's one-after-the-other pushes nor those inside a push written in
+    parts split an iteration, and each worker's end is where it had its parameters."""
+    connections, truth = answering_job(8, workers, compute, push, serial, parts, stall)
+    every = min(compute / 3, 0.1)
+    for conn in connections:
+        conn.pushes = [(a + phase * every, b + phase * every) for a, b in conn.pushes]
+        conn.answers = [at + phase * every for at in conn.answers]
+    iterations = run(connections, until=truth[-1][-1] + 2, every=every)
+    # Iteration 0 (or 0 and 1, as the first answer falls) is grouped before the job is known to
+    # answer; the next anchors the period; every one after is reported.
+    assert len(iterations) in (6, 7), [(it.first_done, it.connections) for it in iterations]
+    for k, iteration in enumerate(iterations, start=8 - len(iterations)):
+        had = [at + phase * every for at in truth[k]]
+        assert iteration.connections == workers
+        assert iteration.last_done == pytest.approx(max(had), abs=0.0015)
+        assert iteration.spread == pytest.approx(max(had) - min(had), abs=0.0015)
+        assert iteration.pushed_bytes == workers * parts * MODEL
+
+
+def sample(**fields: int) -> TcpInfo:
+    base = dict.fromkeys(TcpInfo._fields, 0) | {"rtt_us": 1000, "delivery_rate": 10**7}
+    return TcpInfo(**(base | fields))
+
+
+def test_a_final_ack_held_back_for_the_answer_dates_the_push_a_round_trip_after_it_left() -> None:
+    # The worker's stack, its connection interactive, sent the last ACK only with its answer
+    # 20 ms after it had the push; the push's last data left 2 ms (one round trip) before that.
+    tracker = StragglerTracker(min_push_bytes=1000)
+    tracker.observe(0.0, [("j", "c", sample())])
+    tracker.observe(0.1, [("j", "c", sample(unacked=5, bytes_acked=50_000))])
+    held = sample(
+        bytes_acked=MODEL, bytes_received=GRADIENT,
+        last_data_sent_ms=28, last_ack_recv_ms=6, last_data_recv_ms=6, rtt_us=2000,
+    )  # fmt: skip
+    tracker.observe(0.2, [("j", "c", held)])
+    assert tracker.last_push_end("c") == pytest.approx(0.2 - 0.028 + 0.002)
+    # An ACK that came on its own is when the push ended, however long after the data left.
+    tracker.observe(0.3, [("j", "c", sample(unacked=5, bytes_acked=MODEL + 50_000))])
+    prompt = sample(
+        bytes_acked=2 * MODEL, bytes_received=GRADIENT,
+        last_data_sent_ms=60, last_ack_recv_ms=20, last_data_recv_ms=150, rtt_us=2000,
+    )  # fmt: skip
+    tracker.observe(0.4, [("j", "c", prompt)])
+    assert tracker.last_push_end("c") == pytest.approx(0.4 - 0.020)
+
+
+def test_a_small_message_after_the_push_does_not_move_its_end() -> None:
+    # gloo's PS tells the worker it is ready for its gradient once the push is out: a sample
+    # saw the push acknowledged but for that message, whose ACK came 30 ms later.
+    tracker = StragglerTracker(min_push_bytes=1000)
+    tracker.observe(0.0, [("j", "c", sample())])
+    tracker.observe(0.1, [("j", "c", sample(unacked=5, bytes_acked=50_000))])
+    notice = sample(unacked=1, bytes_acked=MODEL, bytes_sent=MODEL + 16, last_ack_recv_ms=4)
+    tracker.observe(0.2, [("j", "c", notice)])
+    tracker.observe(0.3, [("j", "c", sample(bytes_acked=MODEL + 16, last_ack_recv_ms=66))])
+    assert tracker.last_push_end("c") == pytest.approx(0.2 - 0.004)
