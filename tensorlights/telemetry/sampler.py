@@ -170,7 +170,10 @@ class TelemetrySampler:
         due_by = self._clock() + MIN_INTERVAL_S / 2
         intervals = {}
         for job, conns in by_job.items():
-            if not conns or self._due.get(job, due_by) > due_by:
+            if not conns:  # between connections: due again once it has some
+                self._due.pop(job, None)
+                continue
+            if self._due.get(job, due_by) > due_by:
                 continue
             intervals[job] = interval = self._interval(job, due_by)
             if (
@@ -295,6 +298,8 @@ class TelemetrySampler:
             except (TensorLightsError, OSError) as exc:
                 self.last_error = f"{type(exc).__name__}: {exc}"
                 self._close_diags()
+                self._stop.wait(self.interval_s)  # not at once: the dues were not moved on
+                continue
             # The next job due; each keeps its own cadence (a late round is not made up).
             now = self._clock()
             next_at = min(self._due.values(), default=now + self.interval_s)

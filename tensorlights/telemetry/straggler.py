@@ -365,7 +365,9 @@ class StragglerTracker:
         if answered_before is None or answer_at <= answered_before + ANSWER_AFTER_S:
             return completion, None
         state.answers.append(answer_at)
-        return completion, answer_at - answered_before
+        # Only a connection that pushes makes its job one whose workers answer: a framework
+        # may answer elsewhere (TensorFlow's coordinator), its pushes then grouped as before.
+        return completion, answer_at - answered_before if state.pushed else None
 
     def _idle(self, key: str, state: _Connection, now: float, info: TcpInfo) -> Completion | None:
         """The connection seen idle: the push that ended since, if any."""
@@ -379,6 +381,7 @@ class StragglerTracker:
         if not state.primed:  # first seen mid-push: that push's start is unknown
             state.primed = True
             state.last_done = at  # but its answer is one
+            state.pushed = grown >= self.min_push_bytes
             return None
         if grown < self.min_push_bytes:
             return None

@@ -324,3 +324,16 @@ def test_a_small_message_after_the_push_does_not_move_its_end() -> None:
     tracker.observe(0.2, [("j", "c", notice)])
     tracker.observe(0.3, [("j", "c", sample(bytes_acked=MODEL + 16, last_ack_recv_ms=66))])
     assert tracker.last_push_end("c") == pytest.approx(0.2 - 0.004)
+
+
+def test_answers_on_a_connection_that_never_pushes_do_not_change_the_grouping() -> None:
+    # TensorFlow: the pushes' connections never answer; the coordinator's connection receives
+    # requests. The pushes are grouped by the quiet rounds, as for a PS that only pushes.
+    lags = [[0.0, 0.02, 0.05], [0.0, 0.0, 0.0], [0.1, 0.0, 0.03], [0.0, 0.07, 0.0]] * 3
+    connections = job_pushes(len(lags), lags)
+    coordinator = FakeConnection([], answers=[1.2 + 0.5 * k for k in range(40)])
+    iterations = run([*connections, coordinator], until=20)
+    assert len(iterations) == len(lags) - 1
+    for k, iteration in enumerate(iterations, start=1):
+        assert iteration.spread == pytest.approx(max(lags[k]) - min(lags[k]), abs=0.0015)
+        assert iteration.connections == 3
