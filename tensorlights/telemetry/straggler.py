@@ -31,7 +31,10 @@ that has not answered since its previous completion is the same push, joined; on
 connection that has answered since begins the next iteration, and so does a push that
 started after every push of the open iteration had been answered (a synchronous PS pushes
 again only then; gloo pushes to the next worker in line before the first answers). Such an
-iteration closes once every connection that pushes has completed in it and answered. What
+iteration closes once every connection that pushes has completed in it and answered. This
+holds once every connection that pushes has answered (what closes before is held, then
+dropped); where one pushes for ONE_WAY_AFTER_S without answering (the TensorFlow PS job
+answers on some of its pushing connections only), quiet rounds group the pushes. What
 was grouped before the job's first answer is dropped (a job with no answer ONE_WAY_AFTER_S
 after its first push is grouped by quiet rounds, its iterations so far reported then). The
 sampler keeps each job's sampling interval under the gaps before its answers (sampler.py).
@@ -117,6 +120,8 @@ class _Connection:
     pushed: bool = False
     """Has completed a push: not one of the job's control connections (a TCPStore's, a
     launcher's), which stay idle while the pushes go out on the others."""
+    first_done: float | None = None
+    """When its first measured push completed."""
     recv_mark: int = 0
     """bytes_received from which an answer is counted (reset while a push is seen going on:
     what arrives during a push is chatter)."""
@@ -148,6 +153,10 @@ class _Job:
     answering: bool | None = None
     """Its workers answer on the push connections (pushes are grouped by the answers), or
     not (by quiet rounds); None until known: nothing is reported before."""
+    by_answers: bool = False
+    deciding: bool = False
+    """It answers, but not yet on every connection that pushes: what closes is held."""
+    """Its pushes are grouped by the answers now (every connection that pushes answers)."""
     held: list[Iteration] = field(default_factory=list)
     """Closed while `answering` was unknown, by quiet rounds: reported if that was right."""
     first_done: float | None = None
@@ -237,7 +246,22 @@ class StragglerTracker:
                     state.answering = False
                     closed.extend(state.held)
                     state.held.clear()
-                if state.answering:
+                unanswered = self._unanswered_since(state) if state.answering else None
+                by_answers = unanswered is None and bool(state.answering)
+                # Until every connection that pushes has answered (or one has pushed for
+                # ONE_WAY_AFTER_S without: then quiet rounds group them), hold what closes.
+                state.deciding = (
+                    unanswered is not None and completion.at - unanswered <= ONE_WAY_AFTER_S
+                )
+                if state.answering and not state.deciding and not by_answers and state.held:
+                    closed.extend(state.held)
+                    state.held.clear()
+                if by_answers != state.by_answers:
+                    # Grouped the other way from now on: what was held is dropped, and the
+                    # next close only anchors the period (the last may have ended a part).
+                    state.by_answers, state.last_done = by_answers, None
+                    state.held.clear()
+                if by_answers:
                     closed.extend(self._place_by_answers(job, state, completion))
                     continue
                 after, by = state.window
@@ -264,7 +288,7 @@ class StragglerTracker:
             self._update_membership(state, keys)
             if (
                 self._answered_in_full(state)
-                if state.answering
+                if state.by_answers
                 else state.known <= state.open.keys()
             ) or now - min(c.at for c in state.open.values()) > MAX_OPEN_ITERATION_S:
                 closed.extend(self._close(job, state))
@@ -286,6 +310,17 @@ class StragglerTracker:
         if completion.start_by < state.window[1]:  # the first push so far
             state.window = (completion.start_after, completion.start_by)
         return closed
+
+    def _unanswered_since(self, state: _Job) -> float | None:
+        """The first push of the longest-pushing connection of the job that has never
+        answered (None: each has). Where one does not answer (the TensorFlow PS job answers on
+        some of its pushing connections only), answers cannot group the pushes."""
+        since = (
+            conn.first_done if conn.first_done is not None else conn.busy_at  # its first push
+            for key in state.known
+            if not (conn := self._connections[key]).answers
+        )
+        return min((at for at in since if at is not None), default=None)
 
     def _all_answered(self, state: _Job, by: float) -> bool:
         """Whether every push of the open iteration had been answered by `by`: a push that
@@ -386,6 +421,8 @@ class StragglerTracker:
         if grown < self.min_push_bytes:
             return None
         state.pushed = True
+        if state.first_done is None:
+            state.first_done = at
         state.last_done = at
         duration = grown / info.delivery_rate if info.delivery_rate > 0 else 0.0
         return Completion(
@@ -425,7 +462,7 @@ class StragglerTracker:
             idle_before_s=idle,
         )
         state.last_done = last
-        if state.answering is None:  # held until it is known how to group its pushes
+        if state.answering is None or state.deciding:  # held until the grouping is known
             state.held.append(iteration)
             return []
         return [iteration]

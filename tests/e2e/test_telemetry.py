@@ -111,6 +111,7 @@ def test_real_jobs_with_20_ms_of_compute_are_measured_iteration_by_iteration(
         job.kill()
     agreement = compare(truths[job.job], measured[job.job])
     assert agreement.iterations == ITERATIONS
-    assert agreement.matched >= ITERATIONS - WARM_UP, agreement
+    # One more unreported than above: the iterations before every worker has answered once.
+    assert agreement.matched >= ITERATIONS - WARM_UP - 1, agreement
     assert agreement.spread_ok >= agreement.matched - 2, agreement
     assert agreement.period_ok >= agreement.period_checked - 1, agreement
