@@ -62,17 +62,18 @@ def scenario_section(summary: ScenarioSummary, plot: str | None) -> list[str]:
         f"**Lower bound on average JCT: {summary.lower_bound_s:.2f} s.**",
         "",
         "| policy | avg JCT s | x bound | per-job JCT s | slowdown vs alone (max) "
-        "| straggler spread median / p90 ms | link use | reps |",
-        "|---|---:|---:|---|---|---:|---:|---:|",
+        "| straggler spread median / p90 ms | link use | light moves | reps |",
+        "|---|---:|---:|---|---|---:|---:|---:|---:|",
     ]
     for p in summary.policies:
         per_job = ", ".join(f"{name} {value:.1f}" for name, value in p.job_jct_s.items())
         slow = ", ".join(f"{value:.2f}" for value in p.slowdown.values())
+        moves = "—" if p.light_moves is None else f"{p.light_moves:g}"
         lines.append(
             f"| {label(p.policy)} | {p.avg_jct_s:.2f} | {p.ratio_to_bound:.2f} | {per_job} "
             f"| {slow} ({p.max_slowdown:.2f}) "
             f"| {p.spread_median_s * 1e3:.0f} / {p.spread_p90_s * 1e3:.0f} "
-            f"| {p.utilisation:.0%} | {p.reps} |"
+            f"| {p.utilisation:.0%} | {moves} | {p.reps} |"
         )
     if plot:
         lines += ["", f"![({s.key}) {s.title}]({plot})"]
@@ -92,7 +93,10 @@ def markdown(
         f"with TF_CONFIG). {meta['reps']} repetition(s), medians reported. "
         f"Agent rotation slot {meta['interval']}; the original prototype rebuilds its qdisc "
         f"every {meta['original_interval_s']:g} s. Policy pack: max slowdown 2 over a "
-        f"{meta.get('starvation_window', '120s')} window. Machine: {meta.get('machine', '?')}.",
+        f"{meta.get('starvation_window', '120s')} window. Machine: {meta.get('machine', '?')}. "
+        "Light moves: how often the green light passed to another job (median; the agent's "
+        "applied rotations, the prototype's rebuilds; — for policies without a light or runs "
+        "recorded before moves were).",
         "",
         "Average JCT as a multiple of the lower bound (max per-job slowdown vs alone):",
         "",

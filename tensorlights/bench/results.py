@@ -37,6 +37,13 @@ class Trial:
     """Qdisc rebuilds by `tc` (the original prototype)."""
     profile: str = ""
     """For standalone runs: the job profile measured."""
+    greens: tuple[tuple[float, str], ...] = ()
+    """Every move of the green light (seconds after the run started, the job now green),
+    for the policies that have one; the first is the light's first job."""
+
+    @property
+    def light_moves(self) -> int:
+        return max(len(self.greens) - 1, 0)
 
     @property
     def utilisation(self) -> float:
@@ -51,7 +58,8 @@ class Trial:
             JobRun(j["name"], j["arrival_s"], j["jct_s"], tuple(j["spreads_s"]))
             for j in data["jobs"]
         )
-        return cls(**{**data, "jobs": jobs})
+        greens = tuple((float(at), str(job)) for at, job in data.get("greens", ()))
+        return cls(**{**data, "jobs": jobs, "greens": greens})
 
 
 def profile_key(job: JobSpec) -> str:
@@ -86,6 +94,9 @@ class PolicySummary:
     utilisation: float
     """Median over repetitions."""
     ratio_to_bound: float
+    light_moves: float | None = None
+    """Median over repetitions of the green light's moves; None for policies without one
+    (or runs recorded before moves were)."""
 
 
 @dataclass(frozen=True)
@@ -139,6 +150,11 @@ def summarize(
                 spread_p90_s=_percentile(spreads, 0.9),
                 utilisation=statistics.median(t.utilisation for t in runs),
                 ratio_to_bound=avg / bound,
+                light_moves=(
+                    statistics.median(t.light_moves for t in runs)
+                    if all(t.greens for t in runs)
+                    else None
+                ),
             )
         )
     return summary

@@ -40,6 +40,8 @@ PS_HOST = "ps"
 HOSTS = (PS_HOST, *WORKER_HOSTS)
 IFNAME = "eth0"
 POLL_S = 0.05
+STATUS_EVERY_S = 0.5
+"""How often the agent's status is read for its moves of the light (it keeps its last 20)."""
 
 
 @dataclass(frozen=True)
@@ -67,6 +69,10 @@ class Driver(Protocol):
         """Tear down; returns the qdisc rebuilds done (0 where that does not apply)."""
         ...
 
+    def greens(self) -> list[tuple[float, int]]:
+        """(Unix time, job index) of every move of the green light seen; none without one."""
+        ...
+
 
 class FifoLink:
     """No TensorLights: one FIFO queue drained at the link rate."""
@@ -87,6 +93,9 @@ class FifoLink:
         netns.run(["tc", "-n", self.ns, "qdisc", "del", "dev", IFNAME, "root"], check=False)
         return 0
 
+    def greens(self) -> list[tuple[float, int]]:
+        return []
+
 
 class LegacyTree:
     """The baselines built with `tc` (legacy_tc): per-job classes for every job of the
@@ -103,6 +112,7 @@ class LegacyTree:
         self.green = 0
         self.rebuilds = 0
         self.last_rebuild = 0.0
+        self._greens: list[tuple[float, int]] = []
         self.index_of: dict[str, int] = {}
         self.found: queue.Queue[tuple[str, list[int]]] = queue.Queue()
         """(job, its local ports) as the port feed reports them."""
@@ -120,6 +130,8 @@ class LegacyTree:
     def start(self) -> None:
         legacy_tc.rebuild(self.ns, self._commands())
         self.last_rebuild = time.monotonic()
+        if self.rotate_every_s is not None:
+            self._greens.append((time.time(), self.green))
         self.feeder = subprocess.Popen(
             self.host.exec_args(sys.executable, "-m", "tensorlights.bench.port_feed"),
             stdout=subprocess.PIPE, text=True, env=clean_env(),
@@ -156,6 +168,7 @@ class LegacyTree:
         legacy_tc.rebuild(self.ns, self._commands())
         self.rebuilds += 1
         self.last_rebuild += self.rotate_every_s
+        self._greens.append((time.time(), self.green))
 
     def stop(self) -> int:
         if self.feeder is not None and self.feeder.poll() is None:
@@ -163,6 +176,9 @@ class LegacyTree:
             self.feeder.wait()
         netns.run(["tc", "-n", self.ns, "qdisc", "del", "dev", IFNAME, "root"], check=False)
         return self.rebuilds
+
+    def greens(self) -> list[tuple[float, int]]:
+        return list(self._greens)
 
 
 class AgentOnHost:
@@ -173,6 +189,10 @@ class AgentOnHost:
         self.workdir = workdir
         self.policy, self.options = policy, options
         self.proc: subprocess.Popen[bytes] | None = None
+        self.index_of: dict[str, int] = {}
+        self._moves: dict[tuple[float, str], None] = {}
+        """The agent's applied rotations seen so far: (Unix time, job id)."""
+        self._status_read_at = 0.0
 
     def start(self) -> None:
         self.workdir.mkdir(parents=True, exist_ok=True)
@@ -210,14 +230,34 @@ class AgentOnHost:
         raise RuntimeError("the agent did not complete its first pass within 30 s")
 
     def job_started(self, index: int, port: int, job: str) -> None:
-        pass  # the agent finds the PS by itself
+        self.index_of[job] = index  # the agent finds the PS by itself
 
     def tick(self, now: float) -> None:
         if self.proc is not None and self.proc.poll() is not None:
             raise RuntimeError(f"the agent exited with {self.proc.returncode} during the run")
+        if now - self._status_read_at >= STATUS_EVERY_S:
+            self._status_read_at = now
+            self._read_moves()
+
+    def _read_moves(self) -> None:
+        try:
+            status = read_status(self.workdir / "agent.sock", timeout_s=1)
+        except (TransientError, OSError, json.JSONDecodeError):
+            return  # the next read catches up: the agent keeps its last 20 moves
+        if status is not None:
+            for rotation in status.recent_rotations:
+                self._moves[(rotation.applied, rotation.job)] = None
+
+    def greens(self) -> list[tuple[float, int]]:
+        return [
+            (applied, self.index_of[job])
+            for applied, job in sorted(self._moves)
+            if job in self.index_of
+        ]
 
     def stop(self) -> int:
         if self.proc is not None and self.proc.poll() is None:
+            self._read_moves()
             self.proc.terminate()  # restores the kernel's default qdisc
             try:
                 self.proc.wait(20)
@@ -270,6 +310,7 @@ def run_trial(
         # before their arrival and hold their first iteration until it (start_at).
         lead = max(workload.start_up_s for workload in workloads)
         started = time.monotonic() + lead
+        started_wall = time.time() + lead
         deadline = started + options.timeout_s
         while pending or any(job.ps.poll() is None for job in running.values()):
             now = time.monotonic()
@@ -312,9 +353,10 @@ def run_trial(
         rebuilds = driver.stop()
     first = min(r.arrival_s for r in runs)
     last = max(r.arrival_s + r.jct_s for r in runs)
+    greens = tuple((at - started_wall, jobs[index].name) for at, index in driver.greens())
     trial = Trial(
         scenario, policy.value, rep, options.rate_bps, tuple(runs), tx_after - tx_before,
-        last - first, rebuilds, profile,
+        last - first, rebuilds, profile, greens,
     )  # fmt: skip
     log.info(
         "%s %s rep %d: avg JCT %.2f s, link %.0f%%",

@@ -35,6 +35,12 @@ def test_a_quick_benchmark_runs_every_policy_and_writes_the_report(tmp_path: Pat
             assert job["jct_s"] > 0 and len(job["spreads_s"]) == 5
         assert trial["link_bytes"] >= sum(4_000_000 * 2 * 5 for _ in trial["jobs"])
     assert by_policy["tl-rr-original"]["rebuilds"] >= 1  # it rebuilt its qdisc with tc
+    # Every move of the light is recorded: the prototype's at each rebuild, the agent's from
+    # its status; the 500 ms rotation moves it several times among the three jobs.
+    assert len(by_policy["tl-rr-original"]["greens"]) == by_policy["tl-rr-original"]["rebuilds"] + 1
+    rotate_greens = by_policy["rotate"]["greens"]
+    assert len(rotate_greens) >= 3 and {job for _, job in rotate_greens} == {"j1", "j2", "j3"}
+    assert by_policy["fifo"]["greens"] == []
     report = (out / "report.md").read_text()
     assert "Lower bound on average JCT" in report and "| TL-RR original (tc rebuild) |" in report
     assert (out / "overview.png").stat().st_size > 0 and (out / "scenario_b.png").exists()

@@ -4,6 +4,8 @@ commands and the report."""
 from __future__ import annotations
 
 import itertools
+import json
+from dataclasses import replace
 
 import pytest
 from click.testing import CliRunner
@@ -205,3 +207,20 @@ def test_summary_takes_medians_and_ratios() -> None:
 def test_trial_round_trips_through_json() -> None:
     trial = _trial("rotate", 1, {"x": 3.0})
     assert Trial.from_dict(trial.to_dict()) == trial
+    moved = replace(trial, greens=((0.5, "x"), (3.5, "y"), (6.5, "x")))
+    assert Trial.from_dict(json.loads(json.dumps(moved.to_dict()))) == moved
+    assert moved.light_moves == 2 and trial.light_moves == 0
+
+
+def test_light_moves_are_reported_only_where_every_run_recorded_them() -> None:
+    spec = JobSpec("x", 1_000_000, 2, 0.1, 10)
+    scenario = Scenario("t", "test", "one job", (spec,))
+    alone = {profile_key(spec): 2.0}
+    first = replace(_trial("pack", 0, {"x": 3.0}), greens=((0.1, "x"),))
+    moved = replace(_trial("pack", 1, {"x": 3.0}), greens=((0.1, "x"), (1.0, "x"), (2.0, "x")))
+    pack = summarize(scenario, 100_000_000, [first, moved], alone, ["pack"]).policies[0]
+    assert pack.light_moves == 1  # median of 0 and 2
+    old = summarize(scenario, 100_000_000, [first, _trial("pack", 1, {"x": 3})], alone, ["pack"])
+    assert old.policies[0].light_moves is None
+    row = report.scenario_section(old, None)[-2]
+    assert row.endswith("| — | 2 |"), row
