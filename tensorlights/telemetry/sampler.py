@@ -37,7 +37,7 @@ from tensorlights.telemetry.straggler import DEFAULT_MIN_PUSH_BYTES, Iteration, 
 
 RECENT_ITERATIONS = 200
 LOAD_ITERATIONS = 5
-"""A job's load is the median of its last this many iterations."""
+"""A job's bytes per iteration are the median of its last this many iterations."""
 FULL_ROUND_EVERY = 10
 MIN_INTERVAL_S = 0.005
 START_INTERVAL_S = 0.02
@@ -124,11 +124,12 @@ class TelemetrySampler:
             busy = self.tracker.busy_jobs()
             loads = {}
             for job, items in self._recent.items():
-                # The newest few, without copying the whole history (this runs every pass).
+                # The newest few, without copying the whole history (this runs every pass);
+                # the compute from the whole recent history (job_load).
                 last = list(islice(reversed(items), LOAD_ITERATIONS))
                 load = job_load(
                     [i.pushed_bytes for i in last],
-                    [i.idle_before_s for i in last if i.idle_before_s is not None],
+                    (i.idle_before_s for i in items if i.idle_before_s is not None),
                     self._iterations.get(job, 0),
                     job in busy,
                     link_rate_bps,

@@ -32,10 +32,24 @@ def test_job_load_from_measured_iterations() -> None:
     got = job_load([8_000_000] * 3, [0.24, 0.25, 0.27], 7, True, RATE)
     assert got is not None
     assert got.link_s == pytest.approx(wire_bytes(8_000_000) * 8 / RATE)
-    assert got.compute_s == pytest.approx(0.25)
+    assert got.compute_s == pytest.approx(0.25)  # the second shortest idle
     assert got.demand == pytest.approx(got.link_s / (got.link_s + 0.25))
     assert got.iterations == 7 and got.busy
     assert job_load([], [], 0, False, RATE) is None
+    assert job_load([8_000_000], [], 1, False, RATE) is None
+    assert job_load([8_000_000], [0.3], 1, False, RATE) == load(got.link_s, 0.3, 1)
+
+
+def test_waiting_in_a_lower_band_does_not_make_a_job_look_smaller() -> None:
+    # A real RPC job (r1: 8 MB to each of 2 workers) measured green (0.15 s idle), and an
+    # equal one held behind it: its answers and next pushes come late (0.45-0.63 s idle).
+    # Its demand stays within noise of the green one's, so pack keeps their order.
+    green = job_load([16_000_000] * 5, [0.15, 0.146, 0.16, 0.15, 0.148], 10, False, RATE)
+    starved = job_load([16_000_000] * 5, [0.24, 0.28, 0.46, 0.49, 0.57, 0.56, 0.63], 7, False, RATE)
+    assert green is not None and starved is not None
+    assert starved.compute_s == pytest.approx(0.28)
+    order = pack_order(["green", "starved"], {"green": green.demand, "starved": starved.demand}, {})
+    assert order == ["green", "starved"]
 
 
 def test_order_smallest_demand_first_ties_keep_arrival() -> None:
