@@ -152,6 +152,7 @@ def _pack(view: PackView, loads: Mapping[str, JobLoad]) -> dict[str, Any]:
                 "link_s": load.link_s,
                 "compute_s": load.compute_s,
                 "iterations": load.iterations,
+                "settled": load.settled,
             }
             for job, load in loads.items()
         },

@@ -20,9 +20,11 @@ from tensorlights.bench.results import Trial, alone_jct, profile_key, summarize
 from tensorlights.bench.runner import HOSTS, RunOptions, run_trial
 from tensorlights.bench.scenarios import (
     COMPARED,
+    MAX_ORDER_JOBS,
     SCENARIOS,
     Policy,
     Scenario,
+    StaticOrder,
     select,
     select_policies,
 )
@@ -46,7 +48,9 @@ def main() -> None:
 )
 @click.option(
     "--policies", default="all", show_default=True,
-    help=f"Of: {', '.join(COMPARED)}.",
+    help=f"Of: {', '.join(COMPARED)}; and `{Policy.ORDERS}`: every fixed priority order of "
+    f"each scenario of up to {MAX_ORDER_JOBS} jobs, built with tc (the reference each policy "
+    "is reported against; not in `all`).",
 )  # fmt: skip
 @click.option("--reps", type=click.IntRange(1, 50), default=3, show_default=True)
 @click.option("--rate", default="300mbit", show_default=True, help="The PS host's link.")
@@ -163,11 +167,11 @@ def scenarios(as_json: bool) -> None:
         click.echo(f"({s.key}) {s.title}: {s.description}")
 
 
-def _key(scenario: str, policy: Policy, rep: int) -> tuple[str, str, int]:
+def _key(scenario: str, policy: Policy | StaticOrder, rep: int) -> tuple[str, str, int]:
     return (scenario, policy.value, rep)
 
 
-Step = tuple[str, Policy, int, Any, list[Any]]
+Step = tuple[str, Policy | StaticOrder, int, Any, list[Any]]
 
 
 def _plan(chosen: list[Scenario], compared: list[Policy], reps: int) -> list[Step]:
@@ -184,7 +188,13 @@ def _plan(chosen: list[Scenario], compared: list[Policy], reps: int) -> list[Ste
                     alone = replace(job, start_s=0.0)
                     steps.append((f"alone:{key}", Policy.ALONE, rep, key, [alone]))
         for scenario in chosen:
-            order = compared[rep % len(compared) :] + compared[: rep % len(compared)]
+            policies: list[Policy | StaticOrder] = []
+            for policy in compared:
+                if policy is Policy.ORDERS:
+                    policies += StaticOrder.every(len(scenario.jobs))
+                else:
+                    policies.append(policy)
+            order = policies[rep % len(policies) :] + policies[: rep % len(policies)]
             steps += [
                 (scenario.key, policy, rep, scenario, list(scenario.jobs)) for policy in order
             ]
@@ -238,6 +248,11 @@ def _write_report(out: Path, chosen: list[Scenario], no_plots: bool) -> None:
     click.echo(f"report: {out / 'report.md'}")
     for line in report.summary_table(summaries):
         click.echo(line)
+    versus_best = report.best_order_table(summaries)
+    if versus_best:
+        click.echo("\nAverage JCT / the best static order's:")
+        for line in versus_best:
+            click.echo(line)
 
 
 if __name__ == "__main__":

@@ -29,6 +29,14 @@ def original_prios(jobs: int, green: int) -> list[int]:
     return [min((i - green) % jobs, PRIO_LEVELS - 1) for i in range(jobs)]
 
 
+def order_prios(order: Sequence[int]) -> list[int]:
+    """HTB prio of each job (by index) under a fixed order, green first."""
+    prios = [0] * len(order)
+    for rank, job in enumerate(order):
+        prios[job] = min(rank, PRIO_LEVELS - 1)
+    return prios
+
+
 def htb_commands(
     dev: str,
     rate_bps: int,

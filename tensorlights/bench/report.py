@@ -8,6 +8,7 @@ from typing import Any
 
 from tensorlights.bench import bound
 from tensorlights.bench.results import ScenarioSummary
+from tensorlights.bench.scenarios import StaticOrder
 from tensorlights.errors import ConfigError
 
 LABELS = {
@@ -18,6 +19,9 @@ LABELS = {
     "rotate": "TensorLights rotate",
     "pack": "TensorLights pack",
 }
+
+
+BEST_ORDER = "best static order (every order, tc)"
 
 
 def label(policy: str) -> str:
@@ -39,7 +43,46 @@ def summary_table(summaries: Sequence[ScenarioSummary]) -> list[str]:
                 f"{found[0].ratio_to_bound:.2f}x ({found[0].max_slowdown:.2f})" if found else "-"
             )
         lines.append(f"| {label(policy)} | " + " | ".join(cells) + " |")
+    bests = [summary.best_order for summary in summaries]
+    if any(bests):
+        cells = [
+            f"{best.ratio_to_bound:.2f}x ({best.max_slowdown:.2f})" if best else "-"
+            for best in bests
+        ]
+        lines.append(f"| {BEST_ORDER} | " + " | ".join(cells) + " |")
     return lines
+
+
+def best_order_table(summaries: Sequence[ScenarioSummary]) -> list[str]:
+    """Policies x scenarios: average JCT as a multiple of the best static order measured
+    (scenarios where every order ran); [] where none did."""
+    with_orders = [s for s in summaries if s.best_order is not None]
+    if not with_orders:
+        return []
+    policies: list[str] = []
+    for summary in with_orders:
+        policies += [p.policy for p in summary.policies if p.policy not in policies]
+    head = "| policy | " + " | ".join(f"({s.scenario.key})" for s in with_orders)
+    lines = [head + " |", "|---|" + "---:|" * len(with_orders)]
+    for policy in policies:
+        cells = []
+        for summary in with_orders:
+            best = summary.best_order
+            found = [p for p in summary.policies if p.policy == policy]
+            cells.append(f"{found[0].avg_jct_s / best.avg_jct_s:.2f}x" if found and best else "-")
+        lines.append(f"| {label(policy)} | " + " | ".join(cells) + " |")
+    cells = [
+        f"1.00x ({_order_names(s.best_order.policy, s)})"
+        for s in with_orders
+        if s.best_order is not None
+    ]
+    lines.append(f"| {BEST_ORDER} | " + " | ".join(cells) + " |")
+    return lines
+
+
+def _order_names(policy: str, summary: ScenarioSummary) -> str:
+    order = StaticOrder.parse(policy)
+    return order.names([j.name for j in summary.scenario.jobs]) if order else policy
 
 
 def scenario_section(summary: ScenarioSummary, plot: str | None) -> list[str]:
@@ -75,6 +118,29 @@ def scenario_section(summary: ScenarioSummary, plot: str | None) -> list[str]:
             f"| {p.spread_median_s * 1e3:.0f} / {p.spread_p90_s * 1e3:.0f} "
             f"| {p.utilisation:.0%} | {moves} | {p.reps} |"
         )
+    best = summary.best_order
+    if best is not None:
+        lines += [
+            "",
+            "Every fixed priority order (built once with `tc`, the prototype's TL-One tree), "
+            "green first:",
+            "",
+            "| order | avg JCT s | x bound | per-job JCT s | slowdown vs alone (max) | reps |",
+            "|---|---:|---:|---|---|---:|",
+        ]
+        for p in summary.orders:
+            per_job = ", ".join(f"{name} {value:.1f}" for name, value in p.job_jct_s.items())
+            slow = ", ".join(f"{value:.2f}" for value in p.slowdown.values())
+            mark = " (best)" if p is best else ""
+            lines.append(
+                f"| {_order_names(p.policy, summary)}{mark} | {p.avg_jct_s:.2f} "
+                f"| {p.ratio_to_bound:.2f} | {per_job} | {slow} ({p.max_slowdown:.2f}) "
+                f"| {p.reps} |"
+            )
+        versus = ", ".join(
+            f"{label(p.policy)} {p.avg_jct_s / best.avg_jct_s:.2f}x" for p in summary.policies
+        )
+        lines += ["", f"Average JCT against the best order: {versus}."]
     if plot:
         lines += ["", f"![({s.key}) {s.title}]({plot})"]
     return [*lines, ""]
@@ -103,6 +169,15 @@ def markdown(
         *summary_table(summaries),
         "",
     ]
+    versus_best = best_order_table(summaries)
+    if versus_best:
+        lines += [
+            "Average JCT as a multiple of the best static order measured (every fixed order "
+            "of the scenario's jobs run, the best one by median average JCT):",
+            "",
+            *versus_best,
+            "",
+        ]
     if "overview" in plots:
         lines += [f"![overview]({plots['overview']})", ""]
     lines += [

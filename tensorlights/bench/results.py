@@ -8,7 +8,7 @@ from dataclasses import asdict, dataclass, field
 from typing import Any
 
 from tensorlights.bench.bound import link_seconds, lower_bound_avg_jct
-from tensorlights.bench.scenarios import JobSpec, Scenario
+from tensorlights.bench.scenarios import JobSpec, Scenario, StaticOrder
 
 
 @dataclass(frozen=True)
@@ -106,6 +106,13 @@ class ScenarioSummary:
     alone_s: dict[str, float]
     link_s: dict[str, float]
     policies: list[PolicySummary] = field(default_factory=list)
+    orders: list[PolicySummary] = field(default_factory=list)
+    """Every fixed priority order that ran (policy `order-2-1-3`: StaticOrder)."""
+
+    @property
+    def best_order(self) -> PolicySummary | None:
+        """The static order with the lowest average JCT measured, if any ran."""
+        return min(self.orders, key=lambda p: p.avg_jct_s, default=None)
 
 
 def _percentile(values: Sequence[float], q: float) -> float:
@@ -120,6 +127,8 @@ def summarize(
     alone_by_profile: Mapping[str, float],
     policy_order: Sequence[str],
 ) -> ScenarioSummary:
+    """The policies of `policy_order` that ran, in that order; every static order that ran
+    (StaticOrder) apart, in `orders`."""
     alone = {job.name: alone_by_profile[profile_key(job)] for job in scenario.jobs}
     link = {job.name: link_seconds(job.pushed_bytes, rate_bps) for job in scenario.jobs}
     arrival = {job.name: job.start_s for job in scenario.jobs}
@@ -128,33 +137,42 @@ def summarize(
     mine = [t for t in trials if t.scenario == scenario.key and not t.profile]
     for policy in policy_order:
         runs = [t for t in mine if t.policy == policy]
-        if not runs:
-            continue
-        averages = [statistics.mean(j.jct_s for j in t.jobs) for t in runs]
-        per_job = {
-            job.name: statistics.median(j.jct_s for t in runs for j in t.jobs if j.name == job.name)
-            for job in scenario.jobs
-        }
-        slowdown = {name: per_job[name] / alone[name] for name in per_job}
-        spreads = [s for t in runs for j in t.jobs for s in j.spreads_s]
-        avg = statistics.median(averages)
-        summary.policies.append(
-            PolicySummary(
-                policy=policy,
-                reps=len(runs),
-                avg_jct_s=avg,
-                job_jct_s=per_job,
-                slowdown=slowdown,
-                max_slowdown=max(slowdown.values()),
-                spread_median_s=statistics.median(spreads) if spreads else float("nan"),
-                spread_p90_s=_percentile(spreads, 0.9),
-                utilisation=statistics.median(t.utilisation for t in runs),
-                ratio_to_bound=avg / bound,
-                light_moves=(
-                    statistics.median(t.light_moves for t in runs)
-                    if all(t.greens for t in runs)
-                    else None
-                ),
-            )
-        )
+        if runs:
+            summary.policies.append(_policy_summary(policy, runs, scenario, alone, bound))
+    orders = sorted({t.policy for t in mine if StaticOrder.parse(t.policy) is not None})
+    for policy in orders:
+        runs = [t for t in mine if t.policy == policy]
+        summary.orders.append(_policy_summary(policy, runs, scenario, alone, bound))
     return summary
+
+
+def _policy_summary(
+    policy: str,
+    runs: Sequence[Trial],
+    scenario: Scenario,
+    alone: Mapping[str, float],
+    bound: float,
+) -> PolicySummary:
+    averages = [statistics.mean(j.jct_s for j in t.jobs) for t in runs]
+    per_job = {
+        job.name: statistics.median(j.jct_s for t in runs for j in t.jobs if j.name == job.name)
+        for job in scenario.jobs
+    }
+    slowdown = {name: per_job[name] / alone[name] for name in per_job}
+    spreads = [s for t in runs for j in t.jobs for s in j.spreads_s]
+    avg = statistics.median(averages)
+    return PolicySummary(
+        policy=policy,
+        reps=len(runs),
+        avg_jct_s=avg,
+        job_jct_s=per_job,
+        slowdown=slowdown,
+        max_slowdown=max(slowdown.values()),
+        spread_median_s=statistics.median(spreads) if spreads else float("nan"),
+        spread_p90_s=_percentile(spreads, 0.9),
+        utilisation=statistics.median(t.utilisation for t in runs),
+        ratio_to_bound=avg / bound,
+        light_moves=(
+            statistics.median(t.light_moves for t in runs) if all(t.greens for t in runs) else None
+        ),
+    )

@@ -25,7 +25,7 @@ from typing import Protocol
 from tensorlights.agent.status import read_status
 from tensorlights.bench import legacy_tc
 from tensorlights.bench.results import JobRun, Trial
-from tensorlights.bench.scenarios import WORKER_HOSTS, JobSpec, Policy
+from tensorlights.bench.scenarios import WORKER_HOSTS, JobSpec, Policy, StaticOrder
 from tensorlights.errors import TransientError
 from tensorlights.testbed import netns
 from tensorlights.testbed.cluster import Cluster
@@ -103,11 +103,20 @@ class LegacyTree:
     prototype's launcher knew its ports, and one for every further local port TensorLights'
     discovery finds for the job (bench/port_feed.py in the PS host: real frameworks send from
     ephemeral ports). `rotate_every_s` set: the original TL-RR, which rebuilds the whole tree
-    with the next job on top; unset: fair (equal priorities)."""
+    with the next job on top; `order` set: that fixed order (TL-One with a chosen order);
+    neither: fair (equal priorities)."""
 
-    def __init__(self, host: Host, rate_bps: int, jobs: int, rotate_every_s: float | None) -> None:
+    def __init__(
+        self,
+        host: Host,
+        rate_bps: int,
+        jobs: int,
+        rotate_every_s: float | None,
+        order: StaticOrder | None = None,
+    ) -> None:
         self.host, self.ns = host, host.ns
         self.rate_bps, self.rotate_every_s = rate_bps, rotate_every_s
+        self.order = order
         self.ports: list[list[int]] = [[] for _ in range(jobs)]
         self.green = 0
         self.rebuilds = 0
@@ -118,20 +127,26 @@ class LegacyTree:
         """(job, its local ports) as the port feed reports them."""
         self.feeder: subprocess.Popen[str] | None = None
 
+    @property
+    def fair(self) -> bool:
+        return self.rotate_every_s is None and self.order is None
+
     def _commands(self) -> list[list[str]]:
-        if self.rotate_every_s is None:
+        if self.order is not None:
+            prios = legacy_tc.order_prios(self.order.order)
+        elif self.rotate_every_s is None:
             prios = [0] * len(self.ports)
         else:
             prios = legacy_tc.original_prios(len(self.ports), self.green)
-        return legacy_tc.htb_commands(
-            IFNAME, self.rate_bps, self.ports, prios, fair=self.rotate_every_s is None
-        )
+        return legacy_tc.htb_commands(IFNAME, self.rate_bps, self.ports, prios, fair=self.fair)
 
     def start(self) -> None:
         legacy_tc.rebuild(self.ns, self._commands())
         self.last_rebuild = time.monotonic()
         if self.rotate_every_s is not None:
             self._greens.append((time.time(), self.green))
+        elif self.order is not None:
+            self._greens.append((time.time(), self.order.order[0]))
         self.feeder = subprocess.Popen(
             self.host.exec_args(sys.executable, "-m", "tensorlights.bench.port_feed"),
             stdout=subprocess.PIPE, text=True, env=clean_env(),
@@ -269,9 +284,11 @@ class AgentOnHost:
 
 
 def make_driver(
-    policy: Policy, cluster: Cluster, jobs: int, workdir: Path, options: RunOptions
+    policy: Policy | StaticOrder, cluster: Cluster, jobs: int, workdir: Path, options: RunOptions
 ) -> Driver:
     host = cluster.hosts[PS_HOST]
+    if isinstance(policy, StaticOrder):
+        return LegacyTree(host, options.rate_bps, jobs, None, policy)
     if policy in (Policy.FIFO, Policy.ALONE):
         return FifoLink(host.ns, options.rate_bps)
     if policy is Policy.FAIR:
@@ -290,7 +307,7 @@ def run_trial(
     cluster: Cluster,
     scenario: str,
     jobs: Sequence[JobSpec],
-    policy: Policy,
+    policy: Policy | StaticOrder,
     rep: int,
     options: RunOptions,
     workdir: Path,
@@ -315,13 +332,15 @@ def run_trial(
         while pending or any(job.ps.poll() is None for job in running.values()):
             now = time.monotonic()
             if now > deadline:
-                raise RuntimeError(f"{scenario}/{policy}: jobs still running after the timeout")
+                raise RuntimeError(
+                    f"{scenario}/{policy.value}: jobs still running after the timeout"
+                )
             while pending and now - started >= jobs[pending[0]].start_s - (
                 workloads[pending[0]].start_up_s
             ):
                 index = pending.pop(0)
                 spec = jobs[index]
-                tag = f"{scenario}-{spec.name}-{policy}-{rep}-{cluster.run_id}"
+                tag = f"{scenario}-{spec.name}-{policy.value}-{rep}-{cluster.run_id}"
                 early = workloads[index].start_up_s > 0
                 shape = JobShape(spec.workers, spec.model_bytes, spec.iterations, spec.compute_s)
                 running[index] = start_workload(
@@ -336,7 +355,9 @@ def run_trial(
             received = job.received(timeout=60)
             summary = job.summary or {}
             if summary.get("errors") or summary.get("finished_at") is None:
-                raise RuntimeError(f"{scenario}/{policy}: job {jobs[index].name} failed: {summary}")
+                raise RuntimeError(
+                    f"{scenario}/{policy.value}: job {jobs[index].name} failed: {summary}"
+                )
             spreads = tuple(max(t) - min(t) for t in zip(*received, strict=True))
             runs.append(
                 JobRun(

@@ -7,9 +7,12 @@ over the worker hosts, so jobs share them.
 
 from __future__ import annotations
 
+import itertools
 import math
+from collections.abc import Sequence
 from dataclasses import dataclass, replace
 from enum import StrEnum
+from typing import ClassVar
 
 from tensorlights.errors import ConfigError
 
@@ -35,6 +38,44 @@ class Policy(StrEnum):
     """The agent, `--policy pack`: measured demand, starvation bound (issue 9)."""
     ALONE = "alone"
     """(Profiles, not compared) one job alone on a FIFO link: its standalone JCT."""
+    ORDERS = "orders"
+    """(A reference, asked for by name) every fixed priority order of a scenario of up to
+    MAX_ORDER_JOBS jobs, each one run (StaticOrder)."""
+
+
+MAX_ORDER_JOBS = 4
+"""Scenarios with more jobs get no static orders (5 jobs: 120 orders)."""
+
+
+@dataclass(frozen=True)
+class StaticOrder:
+    """One fixed priority order, green first (job indices in the scenario), built once with
+    `tc` as the prototype's TL-One tree: the reference every policy is compared with."""
+
+    order: tuple[int, ...]
+
+    PREFIX: ClassVar[str] = "order-"
+
+    @property
+    def value(self) -> str:
+        return self.PREFIX + "-".join(str(i + 1) for i in self.order)
+
+    @classmethod
+    def every(cls, jobs: int) -> list[StaticOrder]:
+        if jobs > MAX_ORDER_JOBS:
+            return []
+        return [cls(order) for order in itertools.permutations(range(jobs))]
+
+    @classmethod
+    def parse(cls, value: str) -> StaticOrder | None:
+        """The order a trial's policy names (`order-2-1-3`), None for other policies."""
+        if not value.startswith(cls.PREFIX):
+            return None
+        return cls(tuple(int(i) - 1 for i in value[len(cls.PREFIX) :].split("-")))
+
+    def names(self, jobs: Sequence[str]) -> str:
+        """`j2 > j1 > j3`: the scenario's job names, green first."""
+        return " > ".join(jobs[i] for i in self.order)
 
 
 COMPARED = (
@@ -211,7 +252,7 @@ def select_policies(names: str) -> list[Policy]:
     if names == "all":
         return list(COMPARED)
     chosen = [name.strip() for name in names.split(",") if name.strip()]
-    valid = {p.value for p in COMPARED}
+    valid = {p.value for p in (*COMPARED, Policy.ORDERS)}
     unknown = [name for name in chosen if name not in valid]
     if unknown or not chosen:
         raise ConfigError(f"unknown policy {unknown or names!r}; choose from {sorted(valid)}")

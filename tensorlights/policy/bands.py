@@ -177,7 +177,9 @@ class BandPolicy:
         current = [job for job in self._packed if job in present]
         current += [job for job in self._order if job not in current]
         demands = {
-            job: load.demand for job, load in loads.items() if load.iterations >= MEASURED_AFTER
+            job: load.demand
+            for job, load in loads.items()
+            if load.iterations >= MEASURED_AFTER and load.settled
         }
         holding = self._guard.young(now, MEASURE_GRACE_S) - frozenset(demands)
         desired = pack_order(current, demands, self._guard.promoted, holding=holding)

@@ -9,12 +9,16 @@ starts and ends. From them:
              a lower band gets its workers' answers, and starts its next push, later (real
              PyTorch RPC jobs: 0.45-0.63 s measured while starved, 0.15 s once green), so its
              demand read low and `pack` put it ahead of the equal job it waited behind, two
-             iterations before that one ended. Waiting only ever adds: the compute is the
-             shortest idle seen lately (the second shortest: one misread sample aside);
+             iterations before that one ended (real gloo jobs: 0.36-0.81 s against 0.15-0.18
+             s; sending their pure ACKs in the top band did not change it). So the compute
+             comes from *unhindered* iterations only, whose push took at most
+             UNHINDERED_FACTOR x its link time (+ UNHINDERED_SLACK_S): the second shortest
+             idle before them (one misread sample aside; waiting only ever adds). A job
+             without one has no settled demand: it keeps its place in pack's order;
   demand     link_s / (link_s + compute_s): the share of the link the job uses running at
              its standalone speed.
 
-Order (green first): starving jobs first (see below), then jobs by measured demand,
+Order (green first): starving jobs first (see below), then jobs by settled demand,
 smallest first -- with equal iterations that is shortest-job-first, and a prefix of the
 order whose demands sum to <= 1 fits on the link together: under strict priority the lower
 one's pushes slide into the upper one's compute gaps and both run at their standalone
@@ -37,7 +41,7 @@ import heapq
 import math
 import statistics
 from collections import deque
-from collections.abc import Iterable, Mapping, Sequence
+from collections.abc import Mapping, Sequence
 from dataclasses import dataclass, field
 
 MSS = 1448
@@ -49,6 +53,12 @@ MEASURED_AFTER = 5
 """Iterations a job's demand rests on before it orders the job: the first one or two of a
 real framework's job measured 0.44 where the job's steady demand was 0.78 (its first gaps
 include start-up), and moved it ahead of an equal job and back."""
+UNHINDERED_FACTOR = 2.0
+UNHINDERED_SLACK_S = 0.02
+"""An iteration's push (its first push's start to its last completion) that took at most
+this many times its link time, plus this slack (TCP's slow start after the compute), ran
+unhindered: nothing held it back, and its idle before is the job's own compute. Real jobs
+on top measure 1.0-1.3x; held in a lower band, 3-6x."""
 MEASURE_GRACE_S = 10.0
 """An unmeasured job keeps its place in pack's order this long after it appeared; past it,
 a job still without a demand (traffic that is not iterative) goes behind the measured."""
@@ -67,6 +77,9 @@ class JobLoad:
     """Iterations completed since the agent began to track the job."""
     busy: bool
     """A push of this job is in flight now."""
+    settled: bool = True
+    """`compute_s` comes from unhindered iterations (see the module doc); False: from
+    iterations that waited (an upper bound on the compute), too uncertain to order by."""
 
     @property
     def standalone_period_s(self) -> float:
@@ -78,21 +91,44 @@ class JobLoad:
         return self.link_s / period if period > 0 else 1.0
 
 
+@dataclass(frozen=True)
+class Measured:
+    """What telemetry measured of one iteration, as pack reads it."""
+
+    pushed_bytes: int
+    idle_before_s: float | None
+    """From the previous iteration's end to this one's push start."""
+    period_s: float
+    """From the previous iteration's end to this one's."""
+
+
+def unhindered(measured: Measured, link_rate_bps: float) -> bool:
+    """Whether the iteration's push ran at the link's speed (see UNHINDERED_FACTOR)."""
+    if measured.idle_before_s is None:
+        return False
+    link_s = wire_bytes(measured.pushed_bytes) * 8 / link_rate_bps
+    push_s = measured.period_s - measured.idle_before_s
+    return push_s <= UNHINDERED_FACTOR * link_s + UNHINDERED_SLACK_S
+
+
 def job_load(
-    pushed_bytes: Sequence[int],
-    idle_s: Iterable[float],
+    recent: Sequence[Measured],
+    newest: int,
     iterations: int,
     busy: bool,
     link_rate_bps: float,
 ) -> JobLoad | None:
-    """A job's load: `pushed_bytes` of its last few iterations (median), `idle_s` before each
-    push over a longer history (the compute: its second shortest, see the module doc);
-    None without either."""
-    shortest = heapq.nsmallest(2, idle_s)
-    if not pushed_bytes or not shortest:
+    """A job's load from its `recent` iterations, oldest first: the bytes of the `newest` few
+    (median) and the compute (the second shortest idle before an unhindered one, else before
+    any: then not settled; see the module doc); None without either."""
+    pushed = [m.pushed_bytes for m in recent[-newest:]] if newest > 0 else []
+    clean = [m.idle_before_s for m in recent if unhindered(m, link_rate_bps)]
+    idles = clean or [m.idle_before_s for m in recent]
+    shortest = heapq.nsmallest(2, (idle for idle in idles if idle is not None))
+    if not pushed or not shortest:
         return None
-    link_s = wire_bytes(statistics.median(pushed_bytes)) * 8 / link_rate_bps
-    return JobLoad(link_s, shortest[-1], iterations, busy)
+    link_s = wire_bytes(statistics.median(pushed)) * 8 / link_rate_bps
+    return JobLoad(link_s, shortest[-1], iterations, busy, settled=bool(clean))
 
 
 @dataclass

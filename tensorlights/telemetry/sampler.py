@@ -26,18 +26,20 @@ import threading
 import time
 from collections import deque
 from collections.abc import Callable
-from dataclasses import dataclass
+from dataclasses import dataclass, replace
 from itertools import islice
 
 from tensorlights.discovery.sockdiag import SockDiag
 from tensorlights.errors import TensorLightsError
 from tensorlights.model import DiscoverySnapshot, TcpInfo
-from tensorlights.policy.packing import JobLoad, job_load
+from tensorlights.policy.packing import JobLoad, Measured, job_load
 from tensorlights.telemetry.straggler import DEFAULT_MIN_PUSH_BYTES, Iteration, StragglerTracker
 
 RECENT_ITERATIONS = 200
 LOAD_ITERATIONS = 5
-"""A job's bytes per iteration are the median of its last this many iterations."""
+"""A job's bytes per iteration are the median of its last this many iterations..."""
+COMPUTE_ITERATIONS = 50
+"""...and its compute is read from its last this many (packing.job_load)."""
 FULL_ROUND_EVERY = 10
 MIN_INTERVAL_S = 0.005
 START_INTERVAL_S = 0.02
@@ -76,6 +78,8 @@ class TelemetrySampler:
         self._recent: dict[str, deque[Iteration]] = {}
         self._last_seen: dict[str, float] = {}
         self._iterations: dict[str, int] = {}
+        self._loads: dict[str, tuple[int, float, JobLoad | None]] = {}
+        """Per job: (its iteration count, the link rate, its load) when last worked out."""
         self._diags: dict[int | None, SockDiag] = {}
         """inet_diag sockets: the agent's own namespace (None) and each pod's (by inode)."""
         self._stop = threading.Event()
@@ -119,23 +123,21 @@ class TelemetrySampler:
             return {job: list(items) for job, items in self._recent.items()}
 
     def loads(self, link_rate_bps: float) -> dict[str, JobLoad]:
-        """Per job with measured iterations: its load on a link of `link_rate_bps`."""
+        """Per job with measured iterations: its load on a link of `link_rate_bps`. Worked
+        out again only when the job completed an iteration since (this runs every pass)."""
         with self._lock:
             busy = self.tracker.busy_jobs()
             loads = {}
             for job, items in self._recent.items():
-                # The newest few, without copying the whole history (this runs every pass);
-                # the compute from the whole recent history (job_load).
-                last = list(islice(reversed(items), LOAD_ITERATIONS))
-                load = job_load(
-                    [i.pushed_bytes for i in last],
-                    (i.idle_before_s for i in items if i.idle_before_s is not None),
-                    self._iterations.get(job, 0),
-                    job in busy,
-                    link_rate_bps,
-                )
-                if load is not None:
-                    loads[job] = load
+                count = self._iterations.get(job, 0)
+                cached = self._loads.get(job)
+                if cached is None or cached[:2] != (count, link_rate_bps):
+                    newest = list(islice(reversed(items), COMPUTE_ITERATIONS))[::-1]
+                    measured = [Measured(i.pushed_bytes, i.idle_before_s, i.period) for i in newest]
+                    load = job_load(measured, LOAD_ITERATIONS, count, False, link_rate_bps)
+                    cached = self._loads[job] = (count, link_rate_bps, load)
+                if cached[2] is not None:
+                    loads[job] = replace(cached[2], busy=job in busy)
             return loads
 
     def started(self) -> frozenset[str]:
@@ -219,6 +221,7 @@ class TelemetrySampler:
                     del self._last_seen[job]
                     self._recent.pop(job, None)
                     self._iterations.pop(job, None)
+                    self._loads.pop(job, None)
             for iteration in closed:
                 self._iterations[iteration.job] = self._iterations.get(iteration.job, 0) + 1
                 self._last_seen.setdefault(iteration.job, now)

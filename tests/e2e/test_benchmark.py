@@ -61,3 +61,23 @@ def test_bad_arguments_are_refused_before_anything_runs(tmp_path: Path) -> None:
     )  # fmt: skip
     assert result.returncode == 2 and "unknown scenario" in result.stderr
     assert not (tmp_path / "x").exists()
+
+
+def test_every_static_order_runs_and_the_job_on_top_finishes_first(tmp_path: Path) -> None:
+    out = tmp_path / "orders"
+    args = [
+        *BENCH, "run", "--scenarios", "a", "--policies", "orders", "--reps", "1",
+        "--scale", "0.2", "--out", str(out), "--no-plots",
+    ]  # fmt: skip
+    result = subprocess.run(args, capture_output=True, text=True, timeout=240)
+    assert result.returncode == 0, result.stdout + result.stderr
+    trials = [json.loads(line) for line in (out / "trials.jsonl").read_text().splitlines()]
+    by_policy = {t["policy"]: t for t in trials}
+    assert set(by_policy) == {"alone", "order-1-2", "order-2-1"}
+    for policy, (top, other) in (("order-1-2", ("j1", "j2")), ("order-2-1", ("j2", "j1"))):
+        jct = {job["name"]: job["jct_s"] for job in by_policy[policy]["jobs"]}
+        assert jct[top] < jct[other], (policy, jct)  # strict priority, in that order
+        assert by_policy[policy]["greens"][0][1] == top
+    report = (out / "report.md").read_text()
+    assert "| j1 > j2" in report and "best static order (every order, tc)" in report
+    assert "Average JCT / the best static order's" in result.stdout

@@ -24,7 +24,9 @@ from tensorlights.bench.scenarios import (
     COMPARED,
     SCENARIOS,
     JobSpec,
+    Policy,
     Scenario,
+    StaticOrder,
     select,
     select_policies,
 )
@@ -136,8 +138,9 @@ def test_selection_refuses_unknown_names() -> None:
 def test_run_help_lists_every_policy_it_accepts() -> None:
     shown = CliRunner().invoke(cli.main, ["run", "--help"], terminal_width=200)
     assert shown.exit_code == 0
-    listed = shown.output.split("Of: ", 1)[1].split(".", 1)[0]
+    listed, more = shown.output.split("Of: ", 1)[1].split(";", 1)
     assert listed.split(", ") == [policy.value for policy in COMPARED], shown.output
+    assert "`orders`: every fixed priority order" in " ".join(more.split())
 
 
 def test_original_prios_rotate_and_fold_into_seven_levels() -> None:
@@ -224,3 +227,48 @@ def test_light_moves_are_reported_only_where_every_run_recorded_them() -> None:
     assert old.policies[0].light_moves is None
     row = report.scenario_section(old, None)[-2]
     assert row.endswith("| — | 2 |"), row
+
+
+def test_every_static_order_of_up_to_four_jobs() -> None:
+    assert [o.value for o in StaticOrder.every(2)] == ["order-1-2", "order-2-1"]
+    assert len(StaticOrder.every(4)) == 24 and StaticOrder.every(5) == []
+    order = StaticOrder((2, 0, 1))
+    assert StaticOrder.parse(order.value) == order and StaticOrder.parse("pack") is None
+    assert order.names(["small", "medium", "large"]) == "large > small > medium"
+    # Job 2 on top, then job 0, then job 1 (HTB prio 0 first).
+    assert legacy_tc.order_prios(order.order) == [1, 2, 0]
+    assert legacy_tc.order_prios(tuple(range(9)))[-2:] == [6, 6]  # 7 levels, as the prototype
+
+
+def test_orders_expand_per_scenario_in_the_plan() -> None:
+    two, five = SCENARIOS["a"], SCENARIOS["f"]
+    steps = cli._plan([two, five], [Policy.STATIC, Policy.ORDERS], 1)
+    runs = [
+        (scenario, policy.value) for scenario, policy, _, _, _ in steps if "alone" not in scenario
+    ]
+    assert runs == [("a", "static"), ("a", "order-1-2"), ("a", "order-2-1"), ("f", "static")]
+    assert select_policies("pack,orders") == [Policy.PACK, Policy.ORDERS]
+    assert Policy.ORDERS not in select_policies("all")
+
+
+def test_policies_are_reported_against_the_best_static_order() -> None:
+    x, y = JobSpec("x", 1_000_000, 2, 0.1, 10), JobSpec("y", 1_000_000, 2, 0.1, 10)
+    scenario = Scenario("t", "test", "two equal jobs", (x, y))
+    alone = {profile_key(x): 2.0}
+    trials = [
+        _trial("order-1-2", 0, {"x": 2.0, "y": 4.0}),
+        _trial("order-2-1", 0, {"x": 4.5, "y": 2.5}),
+        _trial("pack", 0, {"x": 2.2, "y": 4.2}),
+    ]
+    summary = summarize(scenario, 100_000_000, trials, alone, ["pack", "orders"])
+    assert [p.policy for p in summary.policies] == ["pack"]
+    assert [p.policy for p in summary.orders] == ["order-1-2", "order-2-1"]
+    assert summary.best_order is summary.orders[0]
+    table = report.best_order_table([summary])
+    assert table[2] == "| TensorLights pack | 1.07x |"
+    assert table[3] == f"| {report.BEST_ORDER} | 1.00x (x > y) |"
+    assert report.summary_table([summary])[-1].startswith(f"| {report.BEST_ORDER} | ")
+    section = "\n".join(report.scenario_section(summary, None))
+    assert "| x > y (best) | 3.00 |" in section and "| y > x | 3.50 |" in section
+    assert "Average JCT against the best order: TensorLights pack 1.07x." in section
+    assert report.best_order_table([summarize(scenario, 100_000_000, trials[2:], alone, [])]) == []

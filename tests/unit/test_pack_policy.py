@@ -13,10 +13,12 @@ from tensorlights.policy.packing import (
     MEASURE_GRACE_S,
     MEASURED_AFTER,
     JobLoad,
+    Measured,
     StarvationGuard,
     fits_together,
     job_load,
     pack_order,
+    unhindered,
     wire_bytes,
 )
 
@@ -27,29 +29,61 @@ def load(link_s: float, compute_s: float, iterations: int = 10, busy: bool = Fal
     return JobLoad(link_s, compute_s, iterations, busy)
 
 
+def _measured(pushed: int, idles: list[float], push_s: float) -> list[Measured]:
+    return [Measured(pushed, idle, idle + push_s) for idle in idles]
+
+
 def test_job_load_from_measured_iterations() -> None:
     # 8 MB per iteration at 300 Mbit: 0.2233 s on the wire; 0.25 s idle before each push.
-    got = job_load([8_000_000] * 3, [0.24, 0.25, 0.27], 7, True, RATE)
-    assert got is not None
-    assert got.link_s == pytest.approx(wire_bytes(8_000_000) * 8 / RATE)
+    link_s = wire_bytes(8_000_000) * 8 / RATE
+    got = job_load(_measured(8_000_000, [0.24, 0.25, 0.27], link_s * 1.1), 5, 7, True, RATE)
+    assert got is not None and got.settled
+    assert got.link_s == pytest.approx(link_s)
     assert got.compute_s == pytest.approx(0.25)  # the second shortest idle
     assert got.demand == pytest.approx(got.link_s / (got.link_s + 0.25))
     assert got.iterations == 7 and got.busy
-    assert job_load([], [], 0, False, RATE) is None
-    assert job_load([8_000_000], [], 1, False, RATE) is None
-    assert job_load([8_000_000], [0.3], 1, False, RATE) == load(got.link_s, 0.3, 1)
+    assert job_load([], 5, 0, False, RATE) is None
+    assert job_load([Measured(8_000_000, None, 1.0)], 5, 1, False, RATE) is None
+    one = job_load(_measured(8_000_000, [0.3], link_s), 5, 1, False, RATE)
+    assert one == load(link_s, 0.3, 1)
+    # The bytes are the median of the newest few only.
+    grew = _measured(1_000_000, [0.3] * 4, 0.05) + _measured(8_000_000, [0.3] * 3, link_s)
+    assert job_load(grew, 3, 7, False, RATE) == load(link_s, 0.3, 7)
+
+
+def test_unhindered_pushes_took_about_their_link_time() -> None:
+    link_s = wire_bytes(4_000_000) * 8 / RATE
+    assert unhindered(Measured(4_000_000, 0.15, 0.15 + 2 * link_s + 0.019), RATE)
+    assert not unhindered(Measured(4_000_000, 0.15, 0.15 + 2 * link_s + 0.021), RATE)
+    assert not unhindered(Measured(4_000_000, None, 1.0), RATE)
 
 
 def test_waiting_in_a_lower_band_does_not_make_a_job_look_smaller() -> None:
-    # A real RPC job (r1: 8 MB to each of 2 workers) measured green (0.15 s idle), and an
-    # equal one held behind it: its answers and next pushes come late (0.45-0.63 s idle).
-    # Its demand stays within noise of the green one's, so pack keeps their order.
-    green = job_load([16_000_000] * 5, [0.15, 0.146, 0.16, 0.15, 0.148], 10, False, RATE)
-    starved = job_load([16_000_000] * 5, [0.24, 0.28, 0.46, 0.49, 0.57, 0.56, 0.63], 7, False, RATE)
-    assert green is not None and starved is not None
-    assert starved.compute_s == pytest.approx(0.28)
-    order = pack_order(["green", "starved"], {"green": green.demand, "starved": starved.demand}, {})
-    assert order == ["green", "starved"]
+    # Two equal real gloo jobs (r2: 2 workers x 4 MB, 150 ms compute). The one on top:
+    # pushes at the link's speed, 0.15 s idle before each. The one held behind it: pushes
+    # take 5x their link time and the idle before them reads 0.36-0.81 s.
+    link_s = wire_bytes(8_000_000) * 8 / RATE
+    green = job_load(
+        _measured(8_000_000, [0.15, 0.146, 0.16, 0.15, 0.148], link_s), 5, 10, False, RATE
+    )
+    held = job_load(
+        _measured(8_000_000, [0.45, 0.36, 0.67, 0.81, 0.5], 5 * link_s), 5, 7, False, RATE
+    )
+    assert green is not None and green.settled and green.compute_s == pytest.approx(0.148)
+    assert held is not None and not held.settled and held.compute_s == pytest.approx(0.45)
+    # Not settled: pack does not order by it (its place is kept), though the guard counts
+    # its iterations.
+    policy = _pack()
+    policy.evaluate(0.0, {"green", "held"}, {})
+    loads = {"green": green, "held": held}
+    assert policy.evaluate(100.0, {"green", "held"}, loads).order == ("green", "held")
+    # Were its demand believed, it would go first (0.33 against the green job's 0.60).
+    assert held.demand * 1.3 < green.demand
+    # One unhindered push (it slipped into the green job's compute gap) settles it.
+    slipped = _measured(8_000_000, [0.45, 0.36, 0.67, 0.81, 0.5], 5 * link_s)
+    slipped += _measured(8_000_000, [0.16], link_s)
+    again = job_load(slipped, 5, 8, False, RATE)
+    assert again is not None and again.settled and again.compute_s == pytest.approx(0.16)
 
 
 def test_order_smallest_demand_first_ties_keep_arrival() -> None:
