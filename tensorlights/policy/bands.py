@@ -6,8 +6,8 @@ Policies:
           long as it runs, the next one takes over when it finishes.
   rotate  the original TL-RR: the green light moves to the next job every `interval`.
   pack    (the default) uses what the host measures (policy/packing.py): jobs ordered by
-          measured link demand, smallest first, so those that fit on the link together run at their
-          standalone speed; a starvation bound promotes any job slowed down more than
+          link demand measured on top, smallest first, so those that fit on the link together
+          run at their standalone speed; a starvation bound promotes any job slowed down more than
           `max_slowdown` over `starvation_window`; the order changes only between the green
           job's pushes (at an iteration boundary), never mid-push.
 
@@ -32,9 +32,10 @@ from tensorlights.errors import ConfigError
 from tensorlights.model import GREEN_BAND, NUM_BANDS
 from tensorlights.policy.packing import (
     MEASURE_GRACE_S,
-    MEASURED_AFTER,
     JobLoad,
+    OnTop,
     StarvationGuard,
+    ordering_demands,
     pack_order,
 )
 
@@ -115,6 +116,7 @@ class BandPolicy:
     _packed: list[str] = field(default_factory=list, init=False)
     _reorder_wanted_since: float | None = field(default=None, init=False)
     _guard: StarvationGuard = field(init=False)
+    _on_top: OnTop = field(default_factory=OnTop, init=False)
 
     def __post_init__(self) -> None:
         if not self.max_slowdown > 1:
@@ -172,16 +174,16 @@ class BandPolicy:
     ) -> BandPlan:
         present = set(self._order)
         self._guard.update(now, loads, present, started)
+        self._on_top.update(previous_green, loads)
         # Arrivals and departures take effect at once (an arrival joins at the end; when the
         # green job left, the next one is green) ...
         current = [job for job in self._packed if job in present]
         current += [job for job in self._order if job not in current]
-        demands = {
-            job: load.demand
-            for job, load in loads.items()
-            if load.iterations >= MEASURED_AFTER and load.settled
-        }
-        holding = self._guard.young(now, MEASURE_GRACE_S) - frozenset(demands)
+        demands = ordering_demands(loads, self._on_top.counts, current[0])
+        # Kept in place: jobs still being measured (young), and measured ones whose demand
+        # does not order them yet (ordering_demands); a job with no load past the grace (not
+        # iterative) goes behind.
+        holding = (self._guard.young(now, MEASURE_GRACE_S) | frozenset(loads)) - frozenset(demands)
         desired = pack_order(current, demands, self._guard.promoted, holding=holding)
         # ... a reorder waits for the green job's push to end (its iteration boundary).
         if desired != current:

@@ -26,7 +26,13 @@ speed (a shared FIFO band would instead keep their pushes locked in phase, each 
 the other) -- then jobs not measured yet. Demands within x1.3 of a group's smallest count
 as equal, so measurement noise does not reorder equal jobs; within a group, remaining work
 decides where it is known (the controller passes Slurm time limits: the soonest to end
-first), the order in force otherwise. A job not measured yet keeps its place while it is
+first), the order in force otherwise. A job's demand orders it once it
+rests on MEASURED_AFTER iterations measured on top (green): below another job, real
+frameworks' idle before their pushes reads 2-5x their compute (TensorFlow's even where its
+pushes look unhindered), their demands read low, and `pack` put a waiting job ahead of the
+equal one on top, midway through it. A waiting job is ordered by its demand before that only
+when it pushes clearly fewer bytes than the job on top (DEMAND_BUCKET): a smaller job for
+sure, whatever its compute. A job not measured yet keeps its place while it is
 young (MEASURE_GRACE_S): measuring it takes a few iterations, and moving it meanwhile made
 the light flip twice at a run's start (behind a job measured first, then ahead again).
 
@@ -226,6 +232,43 @@ class StarvationGuard:
         behind = sorted(candidates, key=lambda j: -candidates[j])
         demands = {job: loads[job].demand if job in loads else 1.0 for job in behind}
         self.promoted = {job: candidates[job] for job in fits_together(behind, demands)}
+
+
+@dataclass
+class OnTop:
+    """Iterations each job completed while it was green: measured at its standalone speed."""
+
+    counts: dict[str, int] = field(default_factory=dict)
+    _seen: dict[str, int] = field(default_factory=dict)
+
+    def update(self, green: str | None, loads: Mapping[str, JobLoad]) -> None:
+        """`green`: the job that was green since the previous update."""
+        for job in list(self._seen):
+            if job not in loads:
+                del self._seen[job]
+                self.counts.pop(job, None)
+        for job, load in loads.items():
+            before = self._seen.get(job)
+            if job == green and before is not None:
+                self.counts[job] = self.counts.get(job, 0) + max(load.iterations - before, 0)
+            self._seen[job] = load.iterations
+
+
+def ordering_demands(
+    loads: Mapping[str, JobLoad], on_top: Mapping[str, int], top: str | None
+) -> dict[str, float]:
+    """The demands pack orders by (module doc): settled ones resting on MEASURED_AFTER
+    iterations, of `top` (the green job: measured where it is), of jobs measured that long on
+    top, and of jobs pushing clearly fewer bytes than `top`."""
+    top_load = loads.get(top) if top is not None else None
+    demands = {}
+    for job, load in loads.items():
+        if load.iterations < MEASURED_AFTER or not load.settled:
+            continue
+        smaller = top_load is not None and load.link_s * DEMAND_BUCKET <= top_load.link_s
+        if job == top or on_top.get(job, 0) >= MEASURED_AFTER or smaller:
+            demands[job] = load.demand
+    return demands
 
 
 def pack_order(

@@ -270,7 +270,25 @@ def test_a_demand_from_the_first_iterations_does_not_reorder() -> None:
     policy = _pack()
     policy.evaluate(0.0, {"a", "b"}, {})
     # b's first two iterations look light (start-up in its gaps): not a demand yet.
-    early = {"a": load(0.2, 0.2, 10), "b": load(0.2, 0.6, 2)}
+    early = {"a": load(0.2, 0.2, 10), "b": load(0.1, 0.6, 2)}
     assert policy.evaluate(2.0, {"a", "b"}, early).order == ("a", "b")
-    steady = {"a": load(0.2, 0.2, 10), "b": load(0.2, 0.6, MEASURED_AFTER)}
+    steady = {"a": load(0.2, 0.2, 10), "b": load(0.1, 0.6, MEASURED_AFTER)}
     assert policy.evaluate(4.0, {"a", "b"}, steady).order == ("b", "a")
+
+
+def test_a_waiting_job_of_the_same_size_is_ordered_only_once_measured_on_top() -> None:
+    # Equal bytes; b, waiting below a, measures a longer compute (what waiting does to real
+    # frameworks' measurements): a demand of 0.25 against a's 0.5 -- not believed.
+    policy = _pack(max_slowdown=10.0)
+    policy.evaluate(0.0, {"a", "b"}, {})
+    loads = {"a": load(0.2, 0.2, 10), "b": load(0.2, 0.6, 10)}
+    assert policy.evaluate(20.0, {"a", "b"}, loads).order == ("a", "b")
+    # a ends; b is green and measured there ...
+    for n in range(MEASURED_AFTER + 1):
+        policy.evaluate(21.0 + n, {"b"}, {"b": load(0.2, 0.6, 10 + n)})
+    # ... so when a equal job c arrives, b's demand orders it (c is measured below b).
+    both = {"b": load(0.2, 0.6, 20), "c": load(0.2, 0.2, 10)}
+    assert policy.evaluate(60.0, {"b", "c"}, both).order == ("b", "c")
+    # A smaller job (fewer bytes) waiting below is ordered by its demand right away.
+    smaller = {**both, "d": load(0.1, 0.6, MEASURED_AFTER)}
+    assert policy.evaluate(61.0, {"b", "c", "d"}, smaller).green == "d"
