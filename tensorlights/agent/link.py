@@ -163,7 +163,7 @@ def reported_jobs(
                 connections=sum(len(t.connections) for t in tasks),
                 spread_s=statistics.median(spreads) if spreads else None,
                 period_s=statistics.median(periods) if periods else None,
-                demand=loads[job].demand if job in loads and loads[job].settled else None,
+                demand=loads[job].demand if job in loads else None,
             )
         )
     return tuple(jobs)

@@ -13,12 +13,13 @@ starts and ends. From them:
              s; sending their pure ACKs in the top band did not change it). So the compute
              comes from *unhindered* iterations only, whose push took at most
              UNHINDERED_FACTOR x its link time (+ UNHINDERED_SLACK_S): the second shortest
-             idle before them (one misread sample aside; waiting only ever adds). A job
-             without one has no settled demand: it keeps its place in pack's order;
+             idle before them (one misread sample aside; waiting only ever adds); a job
+             without one (a small job always behind a big one) reads it from all its
+             iterations, and its load is marked not `settled`;
   demand     link_s / (link_s + compute_s): the share of the link the job uses running at
              its standalone speed.
 
-Order (green first): starving jobs first (see below), then jobs by settled demand,
+Order (green first): starving jobs first (see below), then jobs by measured demand,
 smallest first -- with equal iterations that is shortest-job-first, and a prefix of the
 order whose demands sum to <= 1 fits on the link together: under strict priority the lower
 one's pushes slide into the upper one's compute gaps and both run at their standalone
@@ -85,7 +86,7 @@ class JobLoad:
     """A push of this job is in flight now."""
     settled: bool = True
     """`compute_s` comes from unhindered iterations (see the module doc); False: from
-    iterations that waited (an upper bound on the compute), too uncertain to order by."""
+    iterations that waited (an upper bound on the compute)."""
 
     @property
     def standalone_period_s(self) -> float:
@@ -257,13 +258,13 @@ class OnTop:
 def ordering_demands(
     loads: Mapping[str, JobLoad], on_top: Mapping[str, int], top: str | None
 ) -> dict[str, float]:
-    """The demands pack orders by (module doc): settled ones resting on MEASURED_AFTER
-    iterations, of `top` (the green job: measured where it is), of jobs measured that long on
-    top, and of jobs pushing clearly fewer bytes than `top`."""
+    """The demands pack orders by (module doc): those resting on MEASURED_AFTER iterations,
+    of `top` (the green job: measured where it is), of jobs measured that long on top, and of
+    jobs pushing clearly fewer bytes than `top`."""
     top_load = loads.get(top) if top is not None else None
     demands = {}
     for job, load in loads.items():
-        if load.iterations < MEASURED_AFTER or not load.settled:
+        if load.iterations < MEASURED_AFTER:
             continue
         smaller = top_load is not None and load.link_s * DEMAND_BUCKET <= top_load.link_s
         if job == top or on_top.get(job, 0) >= MEASURED_AFTER or smaller:

@@ -71,8 +71,8 @@ def test_waiting_in_a_lower_band_does_not_make_a_job_look_smaller() -> None:
     )
     assert green is not None and green.settled and green.compute_s == pytest.approx(0.148)
     assert held is not None and not held.settled and held.compute_s == pytest.approx(0.45)
-    # Not settled: pack does not order by it (its place is kept), though the guard counts
-    # its iterations.
+    # Not measured on top and no fewer bytes: pack does not order by it (its place is
+    # kept), though the guard counts its iterations.
     policy = _pack()
     policy.evaluate(0.0, {"green", "held"}, {})
     loads = {"green": green, "held": held}
