@@ -104,7 +104,7 @@ def scenario_section(summary: ScenarioSummary, plot: str | None) -> list[str]:
         f"Standalone JCT: {alone}. Link time of all pushes: {link}.",
         f"**Lower bound on average JCT: {summary.lower_bound_s:.2f} s.**",
         "",
-        "| policy | avg JCT s | x bound | per-job JCT s | slowdown vs alone (max) "
+        "| policy | avg JCT s | x bound | per-job JCT s | slowdown vs alone (largest in a run) "
         "| straggler spread median / p90 ms | link use | light moves | reps |",
         "|---|---:|---:|---|---|---:|---:|---:|---:|",
     ]
@@ -125,7 +125,8 @@ def scenario_section(summary: ScenarioSummary, plot: str | None) -> list[str]:
             "Every fixed priority order (built once with `tc`, the prototype's TL-One tree), "
             "green first:",
             "",
-            "| order | avg JCT s | x bound | per-job JCT s | slowdown vs alone (max) | reps |",
+            "| order | avg JCT s | x bound | per-job JCT s "
+            "| slowdown vs alone (largest in a run) | reps |",
             "|---|---:|---:|---|---|---:|",
         ]
         for p in summary.orders:
@@ -164,7 +165,8 @@ def markdown(
         "applied rotations, the prototype's rebuilds; — for policies without a light or runs "
         "recorded before moves were).",
         "",
-        "Average JCT as a multiple of the lower bound (max per-job slowdown vs alone):",
+        "Average JCT as a multiple of the lower bound (in brackets the largest slowdown vs "
+        "alone in a run, median over runs):",
         "",
         *summary_table(summaries),
         "",

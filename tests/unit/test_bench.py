@@ -272,3 +272,17 @@ def test_policies_are_reported_against_the_best_static_order() -> None:
     assert "| x > y (best) | 3.00 |" in section and "| y > x | 3.50 |" in section
     assert "Average JCT against the best order: TensorLights pack 1.07x." in section
     assert report.best_order_table([summarize(scenario, 100_000_000, trials[2:], alone, [])]) == []
+
+
+def test_the_largest_slowdown_is_taken_in_each_run() -> None:
+    # Two equal jobs whose order flips between runs: per-job medians are equal (3.0), but
+    # in every run one of them waited (4.0 against 2.0 alone).
+    x, y = JobSpec("x", 1_000_000, 2, 0.1, 10), JobSpec("y", 1_000_000, 2, 0.1, 10)
+    scenario = Scenario("t", "test", "two equal jobs", (x, y))
+    trials = [
+        _trial("pack", 0, {"x": 2.0, "y": 4.0}),
+        _trial("pack", 1, {"x": 4.0, "y": 2.0}),
+    ]
+    pack = summarize(scenario, 100_000_000, trials, {profile_key(x): 2.0}, ["pack"]).policies[0]
+    assert pack.slowdown == {"x": 1.5, "y": 1.5}
+    assert pack.max_slowdown == 2.0
