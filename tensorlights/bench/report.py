@@ -2,12 +2,12 @@
 
 from __future__ import annotations
 
-from collections.abc import Sequence
+from collections.abc import Callable, Sequence
 from pathlib import Path
 from typing import Any
 
 from tensorlights.bench import bound
-from tensorlights.bench.results import ScenarioSummary
+from tensorlights.bench.results import PolicySummary, ScenarioSummary
 from tensorlights.bench.scenarios import StaticOrder
 from tensorlights.errors import ConfigError
 
@@ -28,27 +28,37 @@ def label(policy: str) -> str:
     return LABELS.get(policy, policy)
 
 
-def summary_table(summaries: Sequence[ScenarioSummary]) -> list[str]:
-    """Policies x scenarios: average JCT as a multiple of the lower bound (max slowdown)."""
+def _policy_grid(
+    summaries: Sequence[ScenarioSummary],
+    heads: Sequence[str],
+    cell: Callable[[ScenarioSummary, PolicySummary], str],
+) -> list[str]:
+    """Policies x scenarios: a row per policy (in order of first appearance), `cell` for each
+    scenario it ran in, "-" elsewhere."""
     policies: list[str] = []
     for summary in summaries:
         policies += [p.policy for p in summary.policies if p.policy not in policies]
-    head = "| policy | " + " | ".join(f"({s.scenario.key}) {s.scenario.title}" for s in summaries)
-    lines = [head + " |", "|---|" + "---:|" * len(summaries)]
+    lines = ["| policy | " + " | ".join(heads) + " |", "|---|" + "---:|" * len(summaries)]
     for policy in policies:
         cells = []
         for summary in summaries:
             found = [p for p in summary.policies if p.policy == policy]
-            cells.append(
-                f"{found[0].ratio_to_bound:.2f}x ({found[0].max_slowdown:.2f})" if found else "-"
-            )
+            cells.append(cell(summary, found[0]) if found else "-")
         lines.append(f"| {label(policy)} | " + " | ".join(cells) + " |")
+    return lines
+
+
+def _against_bound(p: PolicySummary) -> str:
+    return f"{p.ratio_to_bound:.2f}x ({p.max_slowdown:.2f})"
+
+
+def summary_table(summaries: Sequence[ScenarioSummary]) -> list[str]:
+    """Policies x scenarios: average JCT as a multiple of the lower bound (max slowdown)."""
+    heads = [f"({s.scenario.key}) {s.scenario.title}" for s in summaries]
+    lines = _policy_grid(summaries, heads, lambda _, p: _against_bound(p))
     bests = [summary.best_order for summary in summaries]
     if any(bests):
-        cells = [
-            f"{best.ratio_to_bound:.2f}x ({best.max_slowdown:.2f})" if best else "-"
-            for best in bests
-        ]
+        cells = [_against_bound(best) if best else "-" for best in bests]
         lines.append(f"| {BEST_ORDER} | " + " | ".join(cells) + " |")
     return lines
 
@@ -56,26 +66,16 @@ def summary_table(summaries: Sequence[ScenarioSummary]) -> list[str]:
 def best_order_table(summaries: Sequence[ScenarioSummary]) -> list[str]:
     """Policies x scenarios: average JCT as a multiple of the best static order measured
     (scenarios where every order ran); [] where none did."""
-    with_orders = [s for s in summaries if s.best_order is not None]
-    if not with_orders:
+    bests = [(s, s.best_order) for s in summaries if s.best_order is not None]
+    if not bests:
         return []
-    policies: list[str] = []
-    for summary in with_orders:
-        policies += [p.policy for p in summary.policies if p.policy not in policies]
-    head = "| policy | " + " | ".join(f"({s.scenario.key})" for s in with_orders)
-    lines = [head + " |", "|---|" + "---:|" * len(with_orders)]
-    for policy in policies:
-        cells = []
-        for summary in with_orders:
-            best = summary.best_order
-            found = [p for p in summary.policies if p.policy == policy]
-            cells.append(f"{found[0].avg_jct_s / best.avg_jct_s:.2f}x" if found and best else "-")
-        lines.append(f"| {label(policy)} | " + " | ".join(cells) + " |")
-    cells = [
-        f"1.00x ({_order_names(s.best_order.policy, s)})"
-        for s in with_orders
-        if s.best_order is not None
-    ]
+    best_avg = {s.scenario.key: best.avg_jct_s for s, best in bests}
+    lines = _policy_grid(
+        [s for s, _ in bests],
+        [f"({s.scenario.key})" for s, _ in bests],
+        lambda s, p: f"{p.avg_jct_s / best_avg[s.scenario.key]:.2f}x",
+    )
+    cells = [f"1.00x ({_order_names(best.policy, s)})" for s, best in bests]
     lines.append(f"| {BEST_ORDER} | " + " | ".join(cells) + " |")
     return lines
 
