@@ -155,6 +155,15 @@ class PreviousRootQdisc:
     options: bytes = field(default=b"", repr=False)
 
 
+class JobKind(StrEnum):
+    """How a job's processes talk; either way its traffic gets one band (discovery/rules.py)."""
+
+    PS = "ps"
+    """Parameter servers push to their workers: the PS processes' sockets are the traffic."""
+    COLLECTIVE = "collective"
+    """All-reduce among ranks (DDP, Horovod, MPI): every rank's sockets are the traffic."""
+
+
 @dataclass(frozen=True)
 class PsConnection:
     """An established connection of a PS: its local port and the worker at the other end."""
@@ -172,7 +181,8 @@ class PsConnection:
 
 @dataclass(frozen=True)
 class PsTask:
-    """One parameter-server process found on this host, and its TCP sockets now."""
+    """One process whose sockets are its job's traffic (a parameter server, or a rank of a
+    collective job) found on this host, and its TCP sockets now."""
 
     pid: int
     create_time: float
@@ -189,6 +199,9 @@ class PsTask:
     """Worker endpoints named by the job's launcher (TF_CONFIG), when it names them."""
     stale: bool = False
     """True when this scan could not read its sockets and these are the last ones known."""
+    kind: JobKind = JobKind.PS
+    rdma: str | None = None
+    """Why its traffic bypasses the kernel (RDMA verbs): then its job is not shaped here."""
 
     @property
     def local_ports(self) -> frozenset[int]:
@@ -217,11 +230,29 @@ class DiscoverySnapshot:
     def jobs(self) -> tuple[str, ...]:
         return tuple(sorted({task.job for task in self.tasks}))
 
+    def job_kinds(self) -> dict[str, JobKind]:
+        """Each job's kind (a rank anywhere makes it collective)."""
+        kinds: dict[str, JobKind] = {}
+        for task in self.tasks:
+            if kinds.get(task.job) is not JobKind.COLLECTIVE:
+                kinds[task.job] = task.kind
+        return kinds
+
+    @functools.cached_property
+    def unshapeable(self) -> dict[str, str]:
+        """Jobs whose traffic here bypasses the kernel (RDMA), and why: a qdisc cannot give
+        them a band, so they get none (no ports, no pod endpoints) and are listed instead."""
+        found: dict[str, str] = {}
+        for task in self.tasks:
+            if task.rdma and task.job not in found:
+                found[task.job] = f"pid {task.pid}: {task.rdma}"
+        return found
+
     @functools.cached_property
     def _ports_by_job(self) -> dict[str, set[int]]:
         ports: dict[str, set[int]] = {}
         for task in self.tasks:
-            if task.in_agent_netns:
+            if task.in_agent_netns and task.job not in self.unshapeable:
                 ports.setdefault(task.job, set()).update(task.local_ports)
         return ports
 
@@ -240,7 +271,7 @@ class DiscoverySnapshot:
     def _job_pod_endpoints(self) -> dict[str, frozenset[tuple[str, int]]]:
         endpoints: dict[str, set[tuple[str, int]]] = {}
         for task in self.tasks:
-            if task.in_agent_netns:
+            if task.in_agent_netns or task.job in self.unshapeable:
                 continue
             for conn in task.connections:
                 if not conn.local_addr:
@@ -303,7 +334,7 @@ class TcpInfo(NamedTuple):
 
 @dataclass(frozen=True)
 class ReportedJob:
-    """One PS job as an agent reports it to the controller."""
+    """One job as an agent reports it to the controller."""
 
     job: str
     ports: frozenset[int]
@@ -313,6 +344,7 @@ class ReportedJob:
     period_s: float | None = None
     demand: float | None = None
     """Share of the host's link it needs at standalone speed (policy/packing.py)."""
+    kind: JobKind = JobKind.PS
 
 
 @dataclass(frozen=True)

@@ -10,6 +10,7 @@ from tensorlights.model import DiscoverySnapshot, PsTask
 def task_view(task: PsTask) -> dict[str, Any]:
     return {
         "job": task.job,
+        "kind": task.kind.value,
         "pid": task.pid,
         "create_time": task.create_time,
         "source": task.source,
@@ -26,6 +27,7 @@ def task_view(task: PsTask) -> dict[str, Any]:
         ],
         "peers": list(task.peers),
         "stale": task.stale,
+        "rdma": task.rdma,
     }
 
 
@@ -33,6 +35,8 @@ def snapshot_view(snapshot: DiscoverySnapshot) -> dict[str, Any]:
     return {
         "tasks": [task_view(task) for task in snapshot.tasks],
         "job_ports": {job: sorted(ports) for job, ports in sorted(snapshot.job_ports().items())},
+        "job_kinds": {job: kind.value for job, kind in sorted(snapshot.job_kinds().items())},
+        "unshapeable": dict(sorted(snapshot.unshapeable.items())),
         "contested_ports": sorted(snapshot.contested_ports()),
         "job_pod_endpoints": {
             job: [f"{address}:{port}" for address, port in sorted(found)]

@@ -17,6 +17,7 @@ from tensorlights.agent.status import ControllerLinkView
 from tensorlights.discovery.trust import NO_SUCH_USER, JobVoucher
 from tensorlights.model import (
     AppliedRotation,
+    JobKind,
     LinkStatus,
     Mode,
     PlanSlots,
@@ -149,6 +150,7 @@ def reported_jobs(
     host), with their telemetry."""
     snapshot, loads = result.snapshot, result.loads
     ports = snapshot.job_ports()
+    kinds = snapshot.job_kinds()
     jobs = []
     for job in sorted(shaped_jobs(snapshot, result.pods)):
         tasks = [t for t in snapshot.tasks if t.job == job and (t.in_agent_netns or result.pods)]
@@ -164,6 +166,7 @@ def reported_jobs(
                 spread_s=statistics.median(spreads) if spreads else None,
                 period_s=statistics.median(periods) if periods else None,
                 demand=loads[job].demand if job in loads else None,
+                kind=kinds.get(job, JobKind.PS),
             )
         )
     return tuple(jobs)

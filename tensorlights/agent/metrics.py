@@ -16,6 +16,7 @@ from prometheus_client.core import CounterMetricFamily
 from prometheus_client.registry import Collector
 
 from tensorlights.agent.reconcile import PassResult
+from tensorlights.model import DiscoverySnapshot
 from tensorlights.policy.bands import PackView
 from tensorlights.policy.tc_plan import FIRST_BAND_MINOR, UNMANAGED_MINOR
 from tensorlights.telemetry.straggler import Iteration
@@ -66,7 +67,23 @@ class AgentMetrics:
             "tensorlights_jobs", "PS jobs shaped on this host now.", registry=registry
         )
         self.ps_processes = Gauge(
-            "tensorlights_ps_processes", "PS processes found on this host now.", registry=registry
+            "tensorlights_ps_processes",
+            "PSes and ranks of collective jobs found on this host now.",
+            registry=registry,
+        )
+        self.job_kind = Gauge(
+            "tensorlights_job_kind",
+            "1 per job found on this host, labelled with its kind: ps (parameter servers push "
+            "to workers) or collective (all-reduce among ranks).",
+            [JOB_LABEL, "kind"],
+            registry=registry,
+        )
+        self.job_unshapeable = Gauge(
+            "tensorlights_job_unshapeable",
+            "1 per job found on this host whose packets bypass the kernel (NCCL over "
+            "InfiniBand/RoCE): it has no band; status and discover say why.",
+            [JOB_LABEL],
+            registry=registry,
         )
         self.problems = Gauge(
             "tensorlights_discovery_problems",
@@ -163,6 +180,8 @@ class AgentMetrics:
             registry=registry,
         )
         self._jobs_with_series: set[str] = set()
+        self._job_kinds: dict[str, str] = {}
+        self._unshapeable: set[str] = set()
         self._jobs_with_lag: set[str] = set()
         self._telemetry_jobs: set[str] = set()
         self._telemetry_lock = threading.Lock()  # the telemetry thread observes, the loop prunes
@@ -209,7 +228,23 @@ class AgentMetrics:
         if result.plan.rotated and result.plan.green is not None:
             self.rotations.inc()
         self.forget_jobs_except(set(result.snapshot.jobs()))
+        self.observe_kinds(result.snapshot)
         self.observe_lags(result.pack)
+
+    def observe_kinds(self, snapshot: DiscoverySnapshot) -> None:
+        kinds = {job: kind.value for job, kind in snapshot.job_kinds().items()}
+        for job, kind in self._job_kinds.items():
+            if kinds.get(job) != kind:
+                self.job_kind.remove(job, kind)
+        for job, kind in kinds.items():
+            self.job_kind.labels(job, kind).set(1)
+        self._job_kinds = kinds
+        unshapeable = set(snapshot.unshapeable)
+        for job in self._unshapeable - unshapeable:
+            self.job_unshapeable.remove(job)
+        for job in unshapeable:
+            self.job_unshapeable.labels(job).set(1)
+        self._unshapeable = unshapeable
 
     def observe_lags(self, pack: PackView | None) -> None:
         """pack's guard: every job's lag and the allowance (no series under other policies)."""

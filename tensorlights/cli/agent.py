@@ -41,7 +41,7 @@ from tensorlights.datapath import BACKENDS, open_datapath
 from tensorlights.datapath.dataplane import Dataplane, remove_everything
 from tensorlights.datapath.tc_messages import format_handle, handle
 from tensorlights.discovery.trust import TrustMode
-from tensorlights.model import Mode
+from tensorlights.model import JobKind, Mode
 from tensorlights.policy.tc_plan import FIRST_BAND_MINOR, UNMANAGED_MINOR
 
 interface_option = click.option(
@@ -233,6 +233,9 @@ def plan(config_path: Path | None, dry_run: bool, as_json: bool, **flags: Any) -
         click.echo(f"  {op}")
 
 
+_CARRIERS = {JobKind.PS.value: "PS", JobKind.COLLECTIVE.value: "ranks"}
+
+
 @main.command()
 @click.option(
     "--socket",
@@ -281,12 +284,13 @@ def status(socket_path: Path, as_json: bool) -> None:
             )
         )
     table = Table(title="jobs (band 0 = green)")
-    columns = ("band", "job", "PS pids", "ports", "spread p50 ms", "iteration p50 s")
+    columns = ("band", "job", "pids", "ports", "spread p50 ms", "iteration p50 s")
     for column in columns:
         table.add_column(column, overflow="fold")
     discovery = shaping.discovery if shaping is not None else {}
     tasks = discovery.get("tasks", [])
     ports = discovery.get("job_ports", {})
+    kinds = discovery.get("job_kinds", {})
     iterations = status.telemetry.iterations if status.telemetry is not None else {}
     bands = shaping.bands if shaping is not None else {}
     for job in shaping.order if shaping is not None else ():
@@ -297,12 +301,17 @@ def status(socket_path: Path, as_json: bool) -> None:
         table.add_row(
             str(bands.get(job, "-")),
             literal(job),
-            " ".join(map(str, pids)),
+            # The job's kind in one word: which of its processes carry its traffic.
+            " ".join([_CARRIERS.get(kinds.get(job, ""), ""), *map(str, pids)]).strip(),
             " ".join(map(str, ports.get(job, []))),
             spread,
             period,
         )
     console.print(table)
+    for job, reason in discovery.get("unshapeable", {}).items():
+        console.print(
+            Text("not shapeable on this host:", style="yellow"), literal(f"{job}: {reason}")
+        )
     for voucher in discovery.get("vouchers", []):
         vouched = voucher["user"] or f"{len(voucher['pods'])} pods"
         console.print(
@@ -346,15 +355,21 @@ def _clock_text(timestamp: float | None) -> str:
 @click.option("--json", "as_json", is_flag=True, help="Machine-readable output.")
 @reports_errors
 def discover(config_path: Path | None, trust: str | None, as_json: bool) -> None:
-    """Find the parameter-server processes on this host, their jobs and their TCP sockets.
+    """Find the training processes whose sockets are their jobs' traffic on this host -- the
+    parameter servers of PS jobs and the ranks of collective (all-reduce) jobs -- and their
+    TCP sockets.
 
     A PS is recognised from what its launcher put in its environment (TF_CONFIG task type ps,
     DMLC_ROLE=server, torchrun ROLE_NAME=ps, TENSORLIGHTS_JOB/TENSORLIGHTS_ROLE) or its Slurm
-    job; its children belong to it. Under trust = "resource-manager" a claim counts here only
-    in its own Slurm job's cgroup or from a trusted user, and others are listed as not
-    trusted: this command has no controller, so pods and jobs-file entries the controller
-    vouches for show as not trusted too (`tensorlights-agent status` shows what the running
-    agent believes). Run as root to see every user's processes.
+    job; a rank from torchrun's or DeepSpeed's variables (no PS configured), Horovod's or
+    MPI's; their children belong to them. A job using NCCL over InfiniBand/RoCE (NCCL_IB_*,
+    an open /dev/infiniband device) is listed as not shapeable: RDMA bypasses the qdisc.
+
+    Under trust = "resource-manager" a claim counts here only in its own Slurm job's cgroup
+    or from a trusted user, and others are listed as not trusted: this command has no
+    controller, so pods and jobs-file entries the controller vouches for show as not trusted
+    too (`tensorlights-agent status` shows what the running agent believes). Run as root to
+    see every user's processes.
     """
     from tensorlights.discovery.scanner import Scanner
     from tensorlights.views import snapshot_view
@@ -366,12 +381,14 @@ def discover(config_path: Path | None, trust: str | None, as_json: bool) -> None
         echo_json(view)
         return
     console = Console()
-    table = Table(title="Parameter-server processes on this host")
-    for column in ("job", "pid", "found by", "netns", "listening", "connections", "workers"):
+    table = Table(title="Processes carrying training traffic on this host (PS, ranks)")
+    columns = ("job", "kind", "pid", "found by", "netns", "listening", "connections", "workers")
+    for column in columns:
         table.add_column(column, overflow="fold")
     for task in view["tasks"]:
         table.add_row(
             literal(task["job"]),
+            task["kind"],
             str(task["pid"]),
             literal(task["source"]),
             "own" if task["in_agent_netns"] else str(task["netns"]),
@@ -384,6 +401,10 @@ def discover(config_path: Path | None, trust: str | None, as_json: bool) -> None
     console.print(literal(f"training processes: {members or 'none'}"))
     if view["contested_ports"]:
         console.print(f"ports used by several jobs (shaped as none): {view['contested_ports']}")
+    for job, reason in view["unshapeable"].items():
+        console.print(
+            Text("not shapeable on this host:", style="yellow"), literal(f"{job}: {reason}")
+        )
     for problem in view["problems"]:
         console.print(Text("warning:", style="yellow"), literal(problem))
 

@@ -119,11 +119,13 @@ def _seconds(value: float | None) -> str:
 
 def jobs_table(jobs: list[dict[str, Any]]) -> Table:
     table = Table(title="jobs", title_justify="left")
-    for column in ("JOB", "NAME", "SOURCES", "PS HOSTS", "GREEN", "SPREAD", "PERIOD", "STATE"):
+    columns = ("JOB", "KIND", "NAME", "SOURCES", "HOSTS", "GREEN", "SPREAD", "PERIOD", "STATE")
+    for column in columns:
         table.add_column(column)
     for job in jobs:
         table.add_row(
             literal(job["job"]),
+            literal(job.get("kind") or "-"),
             literal(job["name"] or "-"),
             literal(",".join(job["sources"])),
             literal(",".join(job["ps_hosts"]) or "-"),

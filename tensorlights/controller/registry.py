@@ -26,6 +26,7 @@ from dataclasses import dataclass, field
 from tensorlights.model import (
     AppliedRotation,
     HostReport,
+    JobKind,
     Mode,
     Registration,
     ReportedJob,
@@ -111,6 +112,8 @@ class JobView:
     user: str
     spread_s: float | None
     period_s: float | None
+    kind: str = ""
+    """As its agents report it (collective if any says so); empty where no agent reports it."""
 
 
 class Registry:
@@ -301,9 +304,18 @@ class Registry:
                     user=next((d.user for d in declared if d.user), ""),
                     spread_s=max(spreads) if spreads else None,
                     period_s=max(periods) if periods else None,
+                    kind=_kind(reports),
                 )
             )
         return views
+
+
+def _kind(reports: list[ReportedJob]) -> str:
+    """A rank on any host makes the job collective (its PS hosts, if any, report ps)."""
+    if not reports:
+        return ""
+    collective = any(report.kind is JobKind.COLLECTIVE for report in reports)
+    return (JobKind.COLLECTIVE if collective else JobKind.PS).value
 
 
 def _vouchers(source: str, job: SourceJob) -> Iterable[tuple[str, Voucher]]:

@@ -20,6 +20,10 @@ import psutil
 from tensorlights.discovery.rules import ProcessFacts
 
 SOCKET_LINK_PREFIX = "socket:["
+RDMA_LINK_PREFIX = "/dev/infiniband/"
+RDMA_DEVICE = -1
+"""`fd_sockets`' inode for a descriptor of an RDMA device (uverbs, rdma_cm): the process sends
+with verbs, past the kernel's network stack."""
 
 
 class ProcessGone(Exception):
@@ -163,10 +167,11 @@ class ProcFs:
 
     def socket_inodes(self, pid: int) -> set[int]:
         """Inodes of the sockets in the process's file table (shared by its threads)."""
-        return {inode for inode in self.fd_sockets(pid).values() if inode}
+        return {inode for inode in self.fd_sockets(pid).values() if inode > 0}
 
     def fd_sockets(self, pid: int, known: Mapping[str, int] | None = None) -> dict[str, int]:
-        """Descriptor number -> socket inode (0: not a socket) for every open descriptor.
+        """Descriptor number -> socket inode (0: not a socket; RDMA_DEVICE) for every open
+        descriptor.
         Descriptors in `known` are taken from it instead of read again (the caller decides
         how long its knowledge stays good: a descriptor number may be closed and reused)."""
         fd_dir = f"{self._prefix}/{pid}/fd"
@@ -188,8 +193,10 @@ class ProcFs:
                     continue  # that descriptor was closed meanwhile
                 except PermissionError as exc:
                     raise ProcessHidden(pid) from exc
-                is_socket = target.startswith(SOCKET_LINK_PREFIX)
-                inode = int(target[prefix_len:-1]) if is_socket else 0
+                if target.startswith(SOCKET_LINK_PREFIX):
+                    inode = int(target[prefix_len:-1])
+                else:
+                    inode = RDMA_DEVICE if target.startswith(RDMA_LINK_PREFIX) else 0
             found[name] = inode
         return found
 

@@ -2,10 +2,15 @@
 
 Precedence, first that applies:
   role: TENSORLIGHTS_ROLE > operator rule > the Slurm plugin's record of the job step
-        (`srun --tensorlights-ps-tasks`) > TF_CONFIG > DMLC_ROLE > torchrun/torch.distributed
-        > Slurm role rule (SLURM_PROCID in `slurm_ps_procids`)
+        (`srun --tensorlights-ps-tasks`) > TF_CONFIG > DMLC_ROLE > Horovod > torchrun/
+        torch.distributed (DeepSpeed's launcher sets the same variables) > MPI > Slurm role
+        rule (SLURM_PROCID in `slurm_ps_procids`)
   job:  TENSORLIGHTS_JOB > operator rule > Slurm job id (env or cgroup; the resource manager's
         name, which the controller also learns from Slurm) > the framework's own identity
+
+Two kinds of job carry traffic: a PS job's PS processes push to its workers, and every rank of
+a collective job (all-reduce: DDP, FSDP, DeepSpeed, Horovod, MPI) sends to the other ranks.
+Either way the process's own sockets are the job's traffic on the host (`Identity.carries`).
 A launcher variable that is present but malformed is a *problem* (reported to the operator),
 never silently a non-PS. An identity is then believed only as far as `rules.trust` allows
 (discovery/trust.py): one nothing vouches for is a problem too.
@@ -23,9 +28,11 @@ from typing import Any
 
 from tensorlights.discovery.trust import Trust, distrust, slurm_task
 from tensorlights.errors import ConfigError
-from tensorlights.model import job_id_problem
+from tensorlights.model import JobKind, job_id_problem
 
 PS = "ps"
+RANK = "rank"
+"""A rank of a collective job: it sends to the job's other ranks, as a PS to its workers."""
 WORKER = "worker"
 CHIEF = "chief"
 SCHEDULER = "scheduler"
@@ -33,7 +40,7 @@ EVALUATOR = "evaluator"
 TASK = "task"
 """A task of a resource-manager job whose role nothing tells."""
 
-ROLES = (PS, WORKER, CHIEF, SCHEDULER, EVALUATOR, TASK)
+ROLES = (PS, WORKER, RANK, CHIEF, SCHEDULER, EVALUATOR, TASK)
 """The roles a process can have; an operator rule names one of them."""
 
 DEFAULT_SPANK_DIR = "/run/tensorlights/slurm"
@@ -42,6 +49,7 @@ DEFAULT_SPANK_DIR = "/run/tensorlights/slurm"
 ENV_JOB = "TENSORLIGHTS_JOB"
 ENV_ROLE = "TENSORLIGHTS_ROLE"
 
+_TORCHRUN_DEFAULT_ROLE = "default"
 _TF_ROLES = {"ps": PS, "worker": WORKER, "chief": CHIEF, "master": CHIEF, "evaluator": EVALUATOR}
 _DMLC_ROLES = {"server": PS, "worker": WORKER, "scheduler": SCHEDULER}
 
@@ -70,10 +78,17 @@ class Identity:
     slurm."""
     peers: tuple[str, ...] = ()
     """The job's worker endpoints (host:port) where the launcher's spec names them."""
+    rdma: str | None = None
+    """Why the job's traffic bypasses the kernel here (NCCL over InfiniBand/RoCE), if it does."""
 
     @property
-    def is_ps(self) -> bool:
-        return self.role == PS
+    def carries(self) -> bool:
+        """Its own sockets are the job's traffic: a PS, or a rank of a collective job."""
+        return self.role in (PS, RANK)
+
+    @property
+    def kind(self) -> JobKind:
+        return JobKind.COLLECTIVE if self.role == RANK else JobKind.PS
 
 
 @dataclass(frozen=True)
@@ -179,13 +194,15 @@ def identify(facts: ProcessFacts, rules: DiscoveryRules) -> Verdict:
         return Verdict(None, bad_job)
     if reason := distrust(job, source, facts.uid, facts.cgroup, rules.trust):
         return Verdict(None, "; ".join(filter(None, (problem, reason))), untrusted=True)
-    return Verdict(Identity(job=job, role=role, source=source, peers=peers), problem)
+    identity = Identity(job=job, role=role, source=source, peers=peers, rdma=nccl_rdma(env))
+    return Verdict(identity, problem)
 
 
 @dataclass(frozen=True)
 class _Framework:
     role: str
-    job: str
+    job: str | None
+    """None: the launcher names no job (MPI started by Hydra); Slurm or TENSORLIGHTS_JOB may."""
     source: str
     peers: tuple[str, ...] = ()
 
@@ -201,8 +218,12 @@ def _framework(
         found = _dmlc(env, problems)
         if found is not None:
             return found
+    if "HOROVOD_RANK" in env:
+        return _horovod(env, problems)
     if "TORCHELASTIC_RUN_ID" in env or {"MASTER_ADDR", "MASTER_PORT", "RANK"} <= env.keys():
         return _torch(env, rules, problems)
+    if _MPI_RANK.keys() & env.keys():
+        return _mpi(env, problems)
     return None
 
 
@@ -257,13 +278,75 @@ def _torch(env: Mapping[str, str], rules: DiscoveryRules, problems: list[str]) -
         return None
     role_name = env.get("ROLE_NAME", "").strip().lower()
     rank_text = env.get("RANK", "").strip()
-    is_ps = role_name in rules.torch_ps_roles
-    if not is_ps and rules.torch_ps_ranks:
+    if role_name in rules.torch_ps_roles:
+        return _Framework(role=PS, job=job, source="torch")
+    if rules.torch_ps_ranks:  # the operator says this host's torch jobs are PS jobs
         if not rank_text.lstrip("-").isdigit():
             problems.append(f"RANK {rank_text!r} is not a number")
             return None
-        is_ps = int(rank_text) in rules.torch_ps_ranks
-    return _Framework(role=PS if is_ps else WORKER, job=job, source="torch")
+        role = PS if int(rank_text) in rules.torch_ps_ranks else WORKER
+        return _Framework(role=role, job=job, source="torch")
+    if role_name and role_name != _TORCHRUN_DEFAULT_ROLE:
+        # torchrun --role names roles only in a job of several kinds of process: a PS job
+        # whose PS has one of torch_ps_roles; this one is its worker.
+        return _Framework(role=WORKER, job=job, source="torch")
+    return _Framework(role=RANK, job=job, source="torch")  # DDP, FSDP, DeepSpeed
+
+
+def _horovod(env: Mapping[str, str], problems: list[str]) -> _Framework | None:
+    """horovodrun's Gloo mode: HOROVOD_RANK, and the launcher's rendezvous server, the same
+    for every rank on every host. Under mpirun the MPI job id names it instead."""
+    if not env["HOROVOD_RANK"].strip().isdigit():
+        problems.append(f"HOROVOD_RANK {env['HOROVOD_RANK']!r} is not a number")
+        return None
+    addr = env.get("HOROVOD_GLOO_RENDEZVOUS_ADDR", "").strip()
+    port = env.get("HOROVOD_GLOO_RENDEZVOUS_PORT", "").strip()
+    if addr and port.isdigit():
+        return _Framework(role=RANK, job=f"horovod/{addr}:{port}", source="horovod")
+    mpi = _mpi(env, []) if _MPI_RANK.keys() & env.keys() else None
+    return _Framework(role=RANK, job=mpi.job if mpi else None, source="horovod")
+
+
+_MPI_RANK = {
+    "OMPI_COMM_WORLD_RANK": "OMPI_COMM_WORLD_SIZE",
+    "PMI_RANK": "PMI_SIZE",
+    "PMIX_RANK": "",
+}
+"""Rank variable -> size variable of Open MPI, MPICH/Intel MPI (and Slurm's PMI) and PMIx."""
+_MPI_JOB = ("PMIX_NAMESPACE", "OMPI_MCA_ess_base_jobid", "OMPI_MCA_orte_ess_jobid", "PMI_KVSNAME")
+"""Variables naming the MPI job the same way in every rank: PMIx's namespace (Open MPI 4-5,
+Slurm with --mpi=pmix), Open MPI's job ids, the PMI-1 key-value space (MPICH's Hydra)."""
+
+
+def _mpi(env: Mapping[str, str], problems: list[str]) -> _Framework | None:
+    rank_var = next(var for var in _MPI_RANK if var in env)
+    size_var = _MPI_RANK[rank_var]
+    rank, size = env[rank_var].strip(), env.get(size_var, "").strip() if size_var else ""
+    if not rank.isdigit() or (size and not size.isdigit()):
+        problems.append(f"{rank_var}={rank!r} {size_var}={size!r}: not numbers")
+        return None
+    if size == "1":
+        return None  # one process alone: no traffic between ranks
+    job_id = next((env[var].strip() for var in _MPI_JOB if env.get(var, "").strip()), None)
+    return _Framework(role=RANK, job=f"mpi/{job_id}" if job_id else None, source="mpi")
+
+
+def nccl_rdma(env: Mapping[str, str]) -> str | None:
+    """Why NCCL's traffic of this process bypasses the kernel (InfiniBand/RoCE verbs), as far
+    as its environment tells: NCCL uses an IB device when it finds one unless told not to, and
+    NCCL_IB_* variables are set only where one is meant to be used. The open device itself is
+    the sure sign; the scanner checks the file table for it (procfs.RDMA_DEVICE)."""
+    if env.get("NCCL_IB_DISABLE", "").strip() == "1":
+        return None
+    net = env.get("NCCL_NET", "").strip()
+    if net.lower() == "socket":
+        return None
+    named = sorted(key for key in env if key.startswith("NCCL_IB_") and key != "NCCL_IB_DISABLE")
+    if net.upper() == "IB":
+        named.insert(0, "NCCL_NET=IB")
+    if not named:
+        return None
+    return f"NCCL over InfiniBand/RoCE ({', '.join(named[:3])}) bypasses the kernel's qdisc"
 
 
 def _slurm_job(env: Mapping[str, str], cgroup: str) -> str | None:
@@ -339,4 +422,4 @@ def launcher_job(
     """(job, role) a launcher's environment (TF_CONFIG, DMLC, torch) gives a process: the
     controller's Kubernetes source names pods' jobs with it exactly as agents name them."""
     found = _framework(env, rules or DiscoveryRules(), [])
-    return None if found is None else (found.job, found.role)
+    return None if found is None or found.job is None else (found.job, found.role)

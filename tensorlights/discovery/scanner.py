@@ -38,7 +38,14 @@ from dataclasses import dataclass, replace
 from typing import Any, Literal
 
 from tensorlights.discovery.proc_events import ProcessWatcher
-from tensorlights.discovery.procfs import ProcessGone, ProcessHidden, ProcFs, ProcKey
+from tensorlights.discovery.procfs import (
+    RDMA_DEVICE,
+    RDMA_LINK_PREFIX,
+    ProcessGone,
+    ProcessHidden,
+    ProcFs,
+    ProcKey,
+)
 from tensorlights.discovery.rules import DiscoveryRules, Identity, ProcessFacts, identify
 from tensorlights.discovery.sockdiag import SockDiag, TcpSocket, TcpState
 from tensorlights.discovery.spank_records import SpankRecordError, SpankRecords
@@ -73,6 +80,8 @@ class _Entry:
     inherited: bool = False
     netns: int | None = None
     last_sockets: tuple[frozenset[int], tuple[PsConnection, ...]] | None = None
+    rdma_device: bool = False
+    """It has had an RDMA device open (procfs.RDMA_DEVICE): its traffic bypasses the qdisc."""
     fds: dict[str, int] | None = None
     """Descriptor -> socket inode as last read, trusted until `fds_fresh_until`."""
     fds_fresh_until: float = float("-inf")
@@ -364,12 +373,13 @@ class Scanner:
             depth = 0
             while parent is not None and depth < MAX_PARENT_DEPTH:
                 if parent.identity is not None:
-                    if parent.identity.is_ps:
+                    if parent.identity.carries:
                         entry.identity = Identity(
                             job=parent.identity.job,
                             role=parent.identity.role,
                             source=f"parent:{parent.key.pid}",
                             peers=parent.identity.peers,
+                            rdma=parent.identity.rdma,
                         )
                         entry.inherited = True
                     break
@@ -381,7 +391,7 @@ class Scanner:
     def _collect_tasks(self) -> list[PsTask]:
         inodes_of: dict[int, tuple[_Entry, set[int] | None]] = {}
         for entry in list(self._entries.values()):
-            if entry.identity is None or not entry.identity.is_ps:
+            if entry.identity is None or not entry.identity.carries:
                 continue
             read = self._read_fds(entry)
             if read != "gone":
@@ -418,6 +428,8 @@ class Scanner:
                         connections=sockets.connections,
                         peers=entry.identity.peers,
                         stale=sockets.stale,
+                        kind=entry.identity.kind,
+                        rdma=_rdma(entry),
                     )
                 )
         return tasks
@@ -438,7 +450,9 @@ class Scanner:
                 if trusted is None:
                     entry.fds_fresh_until = now + self._socket_refresh_s
             entry.fds = fds
-            inodes = {inode for inode in fds.values() if inode}
+            inodes = {inode for inode in fds.values() if inode > 0}
+            if RDMA_DEVICE in fds.values():
+                entry.rdma_device = True
             if entry.pidfd is None and self._proc.stat(pid).key != entry.key:
                 raise ProcessGone(pid)  # no pidfds here: the start time tells instead
             if entry.netns is None:
@@ -571,4 +585,12 @@ class Scanner:
 
 
 def _is_ps(entry: _Entry) -> bool:
-    return entry.identity is not None and entry.identity.is_ps
+    """Its sockets are read: a PS, or a rank of a collective job."""
+    return entry.identity is not None and entry.identity.carries
+
+
+def _rdma(entry: _Entry) -> str | None:
+    """Why this process's traffic bypasses the kernel, if it does."""
+    if entry.rdma_device:
+        return f"it has an RDMA device open ({RDMA_LINK_PREFIX}*): verbs bypass the qdisc"
+    return entry.identity.rdma if entry.identity is not None else None

@@ -17,6 +17,7 @@ from tensorlights.model import (
     MAX_PORT,
     AppliedRotation,
     HostReport,
+    JobKind,
     Mode,
     PlanSlots,
     Registration,
@@ -98,6 +99,14 @@ def _optional_seconds(message: pb.PsJob, name: str) -> float | None:
     return _optional_number(message, name, lambda v: v >= 0, "finite and >= 0")
 
 
+def _job_kind(message: pb.PsJob) -> JobKind:
+    if not message.kind:
+        return JobKind.PS  # an agent that predates kinds reports PS jobs only
+    if message.kind not in set(JobKind):
+        raise InvalidMessage(f"job {message.job}: kind must be one of {', '.join(JobKind)}")
+    return JobKind(message.kind)
+
+
 def registration(data: bytes) -> Registration:
     message = parse(pb.RegisterRequest, data)
     _check_count("interfaces", message.interfaces, MAX_INTERFACES)
@@ -146,6 +155,7 @@ def report(data: bytes) -> HostReport:
             spread_s=_optional_seconds(job, "spread_s"),
             period_s=_optional_seconds(job, "period_s"),
             demand=_optional_number(job, "demand", lambda v: 0 < v <= 1, "in (0, 1]"),
+            kind=_job_kind(job),
         )
     rotations = []
     for rotation in message.rotations:
@@ -278,6 +288,7 @@ def report_message(report: HostReport) -> pb.AgentReport:
             ports=sorted(job.ports),
             processes=job.processes,
             connections=job.connections,
+            kind=job.kind.value,
         )
         if job.spread_s is not None:
             message.spread_s = job.spread_s

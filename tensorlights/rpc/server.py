@@ -206,6 +206,7 @@ def _job_message(view: JobView, share: float) -> op_pb.Job:
         state=view.state,
         user=view.user,
         green_share=share,
+        kind=view.kind,
     )
     if view.spread_s is not None:
         message.spread_s = view.spread_s

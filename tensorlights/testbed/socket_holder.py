@@ -1,13 +1,14 @@
 """A process that holds real TCP sockets, as a PS does, for discovery tests and benchmarks.
 
     python -m tensorlights.testbed.socket_holder --connections 19 [--host ::1] [--port P]
-        [--connect HOST:PORT] [--child [--child-unset VAR ...]]
+        [--connect HOST:PORT] [--child [--child-unset VAR ...]] [--open PATH ...]
 
 Opens one listener (on --port, or an ephemeral one like TensorPipe's), makes --connections
 connections to it and accepts them, optionally connects out to --connect, optionally starts a
 child (fork + exec, without the variables named by --child-unset) that opens a listener of its
-own; prints one JSON line with its pid and the local ports it holds, then keeps everything open
-until its stdin closes (or it is killed); a line "listen" on stdin opens one more listener.
+own, optionally holds files open (--open: a device, as an RDMA job holds one); prints one JSON
+line with its pid and the local ports it holds, then keeps everything open until its stdin
+closes (or it is killed); a line "listen" on stdin opens one more listener.
 """
 
 from __future__ import annotations
@@ -25,8 +26,11 @@ from typing import Any
 
 HOLDER = [sys.executable, "-m", "tensorlights.testbed.socket_holder"]
 # Launcher variables of the test runner itself must not leak into the children.
-_LAUNCHER_PREFIXES = ("TF_CONFIG", "DMLC_", "TORCHELASTIC_", "SLURM_", "TENSORLIGHTS_")
-_LAUNCHER_KEYS = {"MASTER_ADDR", "MASTER_PORT", "RANK", "ROLE_NAME"}
+_LAUNCHER_PREFIXES = (
+    *("TF_CONFIG", "DMLC_", "TORCHELASTIC_", "SLURM_", "TENSORLIGHTS_", "HOROVOD_", "OMPI_"),
+    *("PMI_", "PMIX_", "NCCL_"),
+)
+_LAUNCHER_KEYS = {"MASTER_ADDR", "MASTER_PORT", "RANK", "ROLE_NAME", "WORLD_SIZE", "LOCAL_RANK"}
 
 
 def clean_env(extra: Mapping[str, str] = {}) -> dict[str, str]:
@@ -116,10 +120,12 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument("--connect", action="append", default=[], metavar="HOST:PORT")
     parser.add_argument("--child", action="store_true")
     parser.add_argument("--child-unset", action="append", default=[], metavar="VAR")
+    parser.add_argument("--open", action="append", default=[], metavar="PATH", help="hold it open")
     parser.add_argument("--report-fd", type=int, help=argparse.SUPPRESS)
     args = parser.parse_args(argv)
 
     held: list[socket.socket] = []
+    files = [open(path, "rb") for path in args.open]  # noqa: SIM115 (held until exit)
     listener = _listener(args.host, args.port)
     held.append(listener)
     listen_port = listener.getsockname()[1]
@@ -172,6 +178,8 @@ def main(argv: list[str] | None = None) -> int:
             print(json.dumps(reply), flush=True)
     if child["pid"]:
         os.waitpid(child["pid"], 0)
+    for file in files:
+        file.close()
     return 0
 
 

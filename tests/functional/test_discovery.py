@@ -340,6 +340,62 @@ def test_ps_in_another_network_namespace_is_followed(pair: netns.HostPair) -> No
         assert snapshot.job_ports() == {}  # not on the agent's own interfaces
 
 
+def test_ranks_of_collective_jobs_are_found_with_their_sockets_and_no_configuration() -> None:
+    torchrun = {"TORCHELASTIC_RUN_ID": "ddp-7", "RANK": "1", "LOCAL_RANK": "0", "WORLD_SIZE": "4"}
+    cases = {
+        "torch/ddp-7": torchrun | {"MASTER_ADDR": "10.0.0.7", "MASTER_PORT": "29500"},
+        "horovod/10.0.0.8:4321": {"HOROVOD_RANK": "2", "HOROVOD_SIZE": "4"}
+        | {"HOROVOD_GLOO_RENDEZVOUS_ADDR": "10.0.0.8", "HOROVOD_GLOO_RENDEZVOUS_PORT": "4321"},
+        "mpi/prterun-n1-99@1": {"OMPI_COMM_WORLD_RANK": "3", "OMPI_COMM_WORLD_SIZE": "4"}
+        | {"PMIX_NAMESPACE": "prterun-n1-99@1"},
+    }
+    with holders() as start, new_scanner() as scanner:
+        # A rank listens for its peers and connects to others: both kinds of port are its job's.
+        ranks = {job: start(env, "--connections", "2") for job, env in cases.items()}
+        snapshot = scan_until(scanner, lambda s: all(has_ports(h)(s) for h in ranks.values()))
+        for job, holder in ranks.items():
+            task = task_of(snapshot, holder.pid)
+            assert task is not None and (task.job, task.kind) == (job, "collective"), job
+            assert task.rdma is None and task.local_ports == holder.ports
+        kinds, ports = snapshot.job_kinds(), snapshot.job_ports()
+        assert {job: kinds[job] for job in cases} == dict.fromkeys(cases, "collective")
+        assert {job: ports[job] for job in cases} == {
+            j: frozenset(h.ports) for j, h in ranks.items()
+        }
+        members = {(job, role) for job, role, _ in snapshot.members if job in cases}
+        assert members == {(job, "rank") for job in cases}
+
+
+@pytest.mark.root
+def test_a_job_sending_over_rdma_is_listed_as_not_shapeable_and_gets_no_ports() -> None:
+    """NCCL over InfiniBand bypasses the qdisc: told by the environment, or for sure by an
+    open /dev/infiniband device (here a file on a tmpfs mounted over /dev in the rank's own
+    mount namespace: this machine has no RDMA NIC)."""
+    device = (
+        "mount -t tmpfs tl-test /dev && mkdir /dev/infiniband && "
+        'touch /dev/infiniband/uverbs0 && exec "$0" "$@"'
+    )
+    prefix = ["unshare", "--mount", "--propagation", "private", "sh", "-c", device]
+    torch = {"MASTER_ADDR": "10.0.0.9", "MASTER_PORT": "29500", "RANK": "0"}
+    with holders() as start, new_scanner() as scanner:
+        by_env = start(torch | {"TORCHELASTIC_RUN_ID": "ib-env", "NCCL_IB_HCA": "mlx5_0"})
+        by_device = start(
+            torch | {"TORCHELASTIC_RUN_ID": "ib-dev"},
+            "--open",
+            "/dev/infiniband/uverbs0",
+            prefix=prefix,
+        )
+        plain = start(torch | {"TORCHELASTIC_RUN_ID": "tcp"})
+        snapshot = scan_until(scanner, lambda s: len(s.unshapeable) == 2 and has_ports(plain)(s))
+        assert set(snapshot.unshapeable) == {"torch/ib-env", "torch/ib-dev"}
+        assert "torch/ib-env" not in snapshot.job_ports()
+        assert "NCCL_IB_HCA" in snapshot.unshapeable["torch/ib-env"]
+        assert f"pid {by_device.pid}" in snapshot.unshapeable["torch/ib-dev"]
+        assert "/dev/infiniband" in snapshot.unshapeable["torch/ib-dev"]
+        assert snapshot.job_ports()["torch/tcp"] == frozenset(plain.ports)
+        assert task_of(snapshot, by_env.pid) is not None  # found, and said why not shaped
+
+
 @pytest.fixture
 def slurm_cgroup() -> Iterator[Path]:
     with own_cgroup("job_9137/step_0/user/task_0") as leaf:

@@ -122,11 +122,46 @@ def test_malformed_tf_config_is_a_problem_not_a_silent_miss(text: str, problem: 
             "scheduler",
         ),
         ({"TORCHELASTIC_RUN_ID": "r1", "ROLE_NAME": "ps", "RANK": "4"}, "torch/r1", "ps"),
-        ({"TORCHELASTIC_RUN_ID": "r1", "ROLE_NAME": "default"}, "torch/r1", "worker"),
+        # torchrun --role trainer: a job of several roles (a PS job): its worker.
+        ({"TORCHELASTIC_RUN_ID": "r1", "ROLE_NAME": "trainer"}, "torch/r1", "worker"),
+        # No PS anywhere in sight: DDP/FSDP under torchrun, DeepSpeed's launcher, plain
+        # torch.distributed: every rank carries the job's all-reduce.
+        ({"TORCHELASTIC_RUN_ID": "r1", "ROLE_NAME": "default"}, "torch/r1", "rank"),
         (
             {"TORCHELASTIC_RUN_ID": "none", "MASTER_ADDR": "m", "MASTER_PORT": "5", "RANK": "0"},
             "torch/m:5",
-            "worker",
+            "rank",
+        ),
+        (
+            {"RANK": "3", "LOCAL_RANK": "1", "WORLD_SIZE": "8", "MASTER_ADDR": "10.0.0.5"}
+            | {"MASTER_PORT": "29500", "CROSS_RANK": "1"},  # DeepSpeed's launcher
+            "torch/10.0.0.5:29500",
+            "rank",
+        ),
+        (
+            {"HOROVOD_RANK": "2", "HOROVOD_SIZE": "4", "HOROVOD_LOCAL_RANK": "0"}
+            | {"HOROVOD_GLOO_RENDEZVOUS_ADDR": "10.0.0.1", "HOROVOD_GLOO_RENDEZVOUS_PORT": "4321"},
+            "horovod/10.0.0.1:4321",
+            "rank",
+        ),
+        (  # horovodrun over Open MPI
+            {"HOROVOD_RANK": "1", "OMPI_COMM_WORLD_RANK": "1", "OMPI_COMM_WORLD_SIZE": "4"}
+            | {"PMIX_NAMESPACE": "prterun-n1-4711@1"},
+            "mpi/prterun-n1-4711@1",
+            "rank",
+        ),
+        (
+            {"OMPI_COMM_WORLD_RANK": "0", "OMPI_COMM_WORLD_SIZE": "2"}
+            | {"OMPI_MCA_ess_base_jobid": "3045654529"},
+            "mpi/3045654529",
+            "rank",
+        ),
+        ({"PMI_RANK": "5", "PMI_SIZE": "8", "PMI_KVSNAME": "kvs_812_0"}, "mpi/kvs_812_0", "rank"),
+        (  # MPI under srun: the Slurm job names it
+            {"PMI_RANK": "5", "PMI_SIZE": "8", "SLURM_JOB_ID": "77", "SLURM_PROCID": "5"}
+            | {"SLURM_STEP_ID": "0"},
+            "slurm/77",
+            "rank",
         ),
         ({"SLURM_JOB_ID": "77", "SLURM_PROCID": "0"}, "slurm/77", "task"),
         ({"TENSORLIGHTS_JOB": "mine", "TENSORLIGHTS_ROLE": "PS"}, "mine", "ps"),
@@ -136,6 +171,43 @@ def test_launcher_environments(env: dict[str, str], job: str, role: str) -> None
     result = verdict(env)
     assert result.identity is not None, result.problem
     assert (result.identity.job, result.identity.role) == (job, role)
+
+
+def test_collective_launchers_without_a_job_id_or_with_bad_ranks_are_problems() -> None:
+    hydra = verdict({"PMI_RANK": "1", "PMI_SIZE": "2"})  # MPICH's Hydra names no job
+    assert hydra.identity is None and "TENSORLIGHTS_JOB" in (hydra.problem or "")
+    named = verdict({"PMI_RANK": "1", "PMI_SIZE": "2", "TENSORLIGHTS_JOB": "train-7"})
+    assert named.identity is not None and named.identity.job == "train-7"
+    assert named.identity.carries and named.identity.kind == "collective"
+    bad = verdict({"OMPI_COMM_WORLD_RANK": "one", "PMIX_NAMESPACE": "x"})
+    assert bad.identity is None and "OMPI_COMM_WORLD_RANK" in (bad.problem or "")
+    bad = verdict({"HOROVOD_RANK": "", "HOROVOD_GLOO_RENDEZVOUS_ADDR": "a"})
+    assert bad.identity is None and "HOROVOD_RANK" in (bad.problem or "")
+    # One process alone talks to nobody: not a rank of anything.
+    alone = verdict(
+        {"OMPI_COMM_WORLD_RANK": "0", "OMPI_COMM_WORLD_SIZE": "1", "PMIX_NAMESPACE": "x"}
+    )
+    assert alone.identity is None and alone.problem is None
+
+
+@pytest.mark.parametrize(
+    ("env", "rdma"),
+    [
+        ({}, False),
+        ({"NCCL_IB_HCA": "mlx5_0,mlx5_1"}, True),
+        ({"NCCL_NET": "IB"}, True),
+        ({"NCCL_IB_HCA": "mlx5_0", "NCCL_IB_DISABLE": "1"}, False),
+        ({"NCCL_IB_GID_INDEX": "3", "NCCL_NET": "Socket"}, False),
+        ({"NCCL_SOCKET_IFNAME": "eth0"}, False),
+    ],
+)
+def test_nccl_over_infiniband_is_told_from_the_environment(env: dict[str, str], rdma: bool) -> None:
+    torch = {"MASTER_ADDR": "m", "MASTER_PORT": "5", "RANK": "1"}
+    identity = verdict({**torch, **env}).identity
+    assert identity is not None and identity.role == "rank"
+    assert (identity.rdma is not None) == rdma
+    if rdma:
+        assert "bypasses the kernel" in (identity.rdma or "")
 
 
 def test_torch_rank_rule_and_slurm_procid_rule() -> None:

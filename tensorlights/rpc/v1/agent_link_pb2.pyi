@@ -39,7 +39,7 @@ class RegisterReply(_message.Message):
     def __init__(self, session: _Optional[str] = ..., controller_incarnation: _Optional[int] = ..., report_interval_ms: _Optional[int] = ...) -> None: ...
 
 class PsJob(_message.Message):
-    __slots__ = ("job", "ports", "processes", "connections", "spread_s", "period_s", "demand")
+    __slots__ = ("job", "ports", "processes", "connections", "spread_s", "period_s", "demand", "kind")
     JOB_FIELD_NUMBER: _ClassVar[int]
     PORTS_FIELD_NUMBER: _ClassVar[int]
     PROCESSES_FIELD_NUMBER: _ClassVar[int]
@@ -47,6 +47,7 @@ class PsJob(_message.Message):
     SPREAD_S_FIELD_NUMBER: _ClassVar[int]
     PERIOD_S_FIELD_NUMBER: _ClassVar[int]
     DEMAND_FIELD_NUMBER: _ClassVar[int]
+    KIND_FIELD_NUMBER: _ClassVar[int]
     job: str
     ports: _containers.RepeatedScalarFieldContainer[int]
     processes: int
@@ -54,7 +55,8 @@ class PsJob(_message.Message):
     spread_s: float
     period_s: float
     demand: float
-    def __init__(self, job: _Optional[str] = ..., ports: _Optional[_Iterable[int]] = ..., processes: _Optional[int] = ..., connections: _Optional[int] = ..., spread_s: _Optional[float] = ..., period_s: _Optional[float] = ..., demand: _Optional[float] = ...) -> None: ...
+    kind: str
+    def __init__(self, job: _Optional[str] = ..., ports: _Optional[_Iterable[int]] = ..., processes: _Optional[int] = ..., connections: _Optional[int] = ..., spread_s: _Optional[float] = ..., period_s: _Optional[float] = ..., demand: _Optional[float] = ..., kind: _Optional[str] = ...) -> None: ...
 
 class Rotation(_message.Message):
     __slots__ = ("green", "applied_unix_ns", "plan_generation")
