@@ -5,8 +5,10 @@ Each job is sampled at its own interval. A push is measured exactly only if a sa
 the idle gap after it (straggler.py), and the gaps are the workers' compute: 20 ms to seconds.
 So a job is sampled GAP_SAMPLES times per gap before its workers' answers, the shortest of its
 recent ones, between MIN_INTERVAL_S and the configured interval; a new job, whose gaps are not
-known yet, every START_INTERVAL_S for its first START_FOR_S (then the configured interval until
-it answers: a job whose workers do not answer on the push connections).
+known yet, every START_INTERVAL_S for START_FOR_S after its connections appear and again after
+its first push is seen (a framework connects at its rendezvous, often many seconds before it
+pushes), then the configured interval until it answers (a job whose workers do not answer on the
+push connections).
 
 A job with a push in flight is also sampled just after that push should end (what is left to
 send at the connection's delivery rate): in the instant between a push's end and whatever the
@@ -91,6 +93,8 @@ class TelemetrySampler:
         self._due: dict[str, float] = {}
         """When each job is to be sampled next."""
         self._first_seen: dict[str, float] = {}
+        self._first_busy: dict[str, float] = {}
+        """When each job's connections, and its first push, were first seen."""
         self.sampled_connections = 0
         """Connection samples taken so far (the cost driver)."""
 
@@ -169,6 +173,8 @@ class TelemetrySampler:
         keys: list[tuple[str, str]] = []
         chosen_targets: list[_Target] = []
         busy = self.tracker.busy_jobs()
+        for job in self.tracker.sending_jobs():
+            self._first_busy.setdefault(job, self._clock())
         pushing = self.tracker.pushing_connections()
         due_by = self._clock() + MIN_INTERVAL_S / 2
         intervals = {}
@@ -216,6 +222,7 @@ class TelemetrySampler:
             for job in self._due.keys() - present.keys():
                 self._due.pop(job)
                 self._first_seen.pop(job, None)
+                self._first_busy.pop(job, None)
             for job, seen in list(self._last_seen.items()):
                 if now - seen > KEEP_ENDED_JOBS_S:
                     del self._last_seen[job]
@@ -237,7 +244,10 @@ class TelemetrySampler:
         gaps = self.tracker.answer_gaps(job)
         if gaps:
             interval = min(gaps) / GAP_SAMPLES
-        elif now - self._first_seen.setdefault(job, now) < START_FOR_S:
+        elif (
+            now - self._first_seen.setdefault(job, now) < START_FOR_S
+            or now - self._first_busy.get(job, -math.inf) < START_FOR_S
+        ):
             interval = START_INTERVAL_S
         else:
             interval = self.interval_s

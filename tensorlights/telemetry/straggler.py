@@ -183,6 +183,14 @@ class StragglerTracker:
             if conn.busy_at is not None or not conn.primed
         }
 
+    def sending_jobs(self) -> set[str]:
+        """Jobs with a connection seen sending after it was seen idle: a push began."""
+        return {
+            conn.job
+            for conn in self._connections.values()
+            if conn.busy_at is not None and conn.primed
+        }
+
     def answer_gaps(self, job: str) -> list[float]:
         """The job's recent times from a push's end to its worker's answer (empty: none seen,
         or a job whose workers do not answer on the push connections)."""

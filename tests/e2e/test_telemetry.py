@@ -7,8 +7,10 @@ from pathlib import Path
 
 import pytest
 
+from tensorlights.agent.config import AgentConfig
 from tensorlights.agent.status import AgentStatus
 from tensorlights.telemetry.accuracy import compare
+from tensorlights.telemetry.sampler import FULL_ROUND_EVERY
 from tensorlights.testbed import netns
 from tensorlights.testbed.psjob import (
     RunningJob,
@@ -26,6 +28,9 @@ pytestmark = pytest.mark.root
 
 ITERATIONS = 20
 WARM_UP = 2  # iterations the agent does not report: it met the job mid-push, then anchors
+FIRST_PUSH_SEEN_WITHIN_S = (
+    FULL_ROUND_EVERY * AgentConfig.__dataclass_fields__["telemetry_sample_interval_s"].default
+)
 
 
 @pytest.mark.parametrize("policy", ["fifo", "rotate"])
@@ -109,9 +114,19 @@ def test_real_jobs_with_20_ms_of_compute_are_measured_iteration_by_iteration(
         truths, measured = collect_iterations(status, {job.job: job})
     finally:
         job.kill()
-    agreement = compare(truths[job.job], measured[job.job])
-    assert agreement.iterations == ITERATIONS
-    # One more unreported than above: the iterations before every worker has answered once.
-    assert agreement.matched >= ITERATIONS - WARM_UP - 1, agreement
+    received = truths[job.job]
+    assert min(len(times) for times in received) == ITERATIONS
+    # The job connected at its rendezvous, seconds before its first push: until a push is
+    # seen its connections are looked at one a round, all of them every FULL_ROUND_EVERY
+    # rounds (sampler.py), so the first push is seen within that; from then on every
+    # iteration is reported bar the warm-up, and one more: before every worker has answered.
+    seen_by = min(times[0] for times in received) + FIRST_PUSH_SEEN_WITHIN_S
+    first = next(k for k in range(ITERATIONS) if min(times[k] for times in received) > seen_by)
+    agreement = compare([times[first:] for times in received], measured[job.job])
+    assert agreement.matched >= agreement.iterations - WARM_UP - 1, (first, agreement)
+    assert agreement.iterations >= ITERATIONS - 6, first  # 20 ms of compute: ~0.2 s each
+    # Bar one push end dated late, which spoils its spread and the periods on both sides of
+    # it: gloo's ready-to-receive notice follows the push, and the worker's delayed-ACK timer
+    # can hold the push's last ACK for ~40 ms (docs/design.md, straggler telemetry).
     assert agreement.spread_ok >= agreement.matched - 2, agreement
-    assert agreement.period_ok >= agreement.period_checked - 1, agreement
+    assert agreement.period_ok >= agreement.period_checked - 2, agreement

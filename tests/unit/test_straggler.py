@@ -337,3 +337,20 @@ def test_answers_on_a_connection_that_never_pushes_do_not_change_the_grouping() 
     for k, iteration in enumerate(iterations, start=1):
         assert iteration.spread == pytest.approx(max(lags[k]) - min(lags[k]), abs=0.0015)
         assert iteration.connections == 3
+
+
+def test_a_job_is_sending_from_its_first_push_not_from_its_first_connection() -> None:
+    # A framework connects at its rendezvous, seconds before it pushes: the sampler's fast
+    # start must be timed from the push (sampler.py), so connections alone are not sending.
+    connections = job_pushes(2, [[0.0, 0.0]] * 2)  # the first push starts at 1.0 s
+    tracker = StragglerTracker(min_push_bytes=1000)
+    tracker.observe(0.0, [("j", str(i), c.info(0.0)) for i, c in enumerate(connections)])
+    assert tracker.sending_jobs() == set()
+    sending_from = None
+    now = 0.05
+    while now < 2.0 and sending_from is None:
+        tracker.observe(now, [("j", str(i), c.info(now)) for i, c in enumerate(connections)])
+        if tracker.sending_jobs():
+            sending_from = now
+        now = round(now + 0.05, 6)
+    assert sending_from == 1.0
