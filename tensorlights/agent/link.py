@@ -148,7 +148,7 @@ def reported_jobs(
     """The PS jobs this agent shapes (ports in its network namespace, and its pods' with
     pod shaping on; otherwise a PS seen in another namespace belongs to that namespace's
     host), with their telemetry."""
-    snapshot, loads = result.snapshot, result.loads
+    snapshot = result.snapshot
     ports = snapshot.job_ports()
     kinds = snapshot.job_kinds()
     jobs = []
@@ -165,7 +165,7 @@ def reported_jobs(
                 connections=sum(len(t.connections) for t in tasks),
                 spread_s=statistics.median(spreads) if spreads else None,
                 period_s=statistics.median(periods) if periods else None,
-                demand=loads[job].demand if job in loads else None,
+                demand=result.demands.get(job),
                 kind=kinds.get(job, JobKind.PS),
             )
         )

@@ -43,7 +43,10 @@ class PassResult:
     scan_s: float
     duration_s: float
     loads: Mapping[str, JobLoad] = field(default_factory=dict)
-    """What telemetry measured per job at this pass (pack's input, the reported demand)."""
+    """What telemetry measured per job at this pass (pack's input)."""
+    demands: Mapping[str, float] = field(default_factory=dict)
+    """The demands pack may order by (PlanFollower.trusted_demands): reported to the
+    controller."""
     pack: PackView | None = None
     """pack's starvation guard after this pass (None under other policies)."""
     vouchers: tuple[JobVoucher, ...] = ()
@@ -216,6 +219,7 @@ class Reconciler:
             scan_s=scanned - now,
             duration_s=self._clock() - now,
             loads=loads,
+            demands=self._policy.trusted_demands(loads),
             pack=self._policy.local.pack_view() if self.config.policy is PolicyName.PACK else None,
             vouchers=self._vouchers,
             pods=self.config.pod_shaping,

@@ -116,7 +116,9 @@ class BandPolicy:
     _packed: list[str] = field(default_factory=list, init=False)
     _reorder_wanted_since: float | None = field(default=None, init=False)
     _guard: StarvationGuard = field(init=False)
-    _on_top: OnTop = field(default_factory=OnTop, init=False)
+    on_top: OnTop = field(default_factory=OnTop, init=False)
+    """Iterations each job completed green here: under the controller's plan too
+    (PlanFollower), so the demands reported to it are those pack would order by."""
 
     def __post_init__(self) -> None:
         if not self.max_slowdown > 1:
@@ -174,12 +176,12 @@ class BandPolicy:
     ) -> BandPlan:
         present = set(self._order)
         self._guard.update(now, loads, present, started)
-        self._on_top.update(previous_green, loads)
+        self.on_top.update(previous_green, loads)
         # Arrivals and departures take effect at once (an arrival joins at the end; when the
         # green job left, the next one is green) ...
         current = [job for job in self._packed if job in present]
         current += [job for job in self._order if job not in current]
-        demands = ordering_demands(loads, self._on_top.counts, current[0])
+        demands = ordering_demands(loads, self.on_top.counts, current[0])
         # Kept in place: jobs still being measured (young), and measured ones whose demand
         # does not order them yet (ordering_demands); a job with no load past the grace (not
         # iterative) goes behind.

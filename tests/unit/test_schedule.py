@@ -2,10 +2,12 @@
 
 from __future__ import annotations
 
+import pytest
 from hypothesis import given, settings
 from hypothesis import strategies as st
 
 from tensorlights.policy.bands import BandPolicy, PolicyName
+from tensorlights.policy.packing import MEASURED_AFTER, JobLoad
 from tensorlights.policy.schedule import (
     HostSchedule,
     PlanFollower,
@@ -124,3 +126,31 @@ def test_follower_rejects_older_plans_and_falls_back_when_the_lease_lapses() -> 
     after = follower.evaluate(161.0, {"a", "b"})
     assert after.generation == 0 and after.green == "a"  # static: arrival order
     assert after.rotated == (near_end.green != "a")
+
+
+def test_only_demands_measured_in_the_light_are_reported_while_following_a_plan() -> None:
+    """A job waiting in a lower band reads a low demand (its idle before a push inflated by
+    the wait): reported to the controller, it put the waiting job ahead of the green one.
+    So what is reported is what pack orders by: the green job's, and a job's measured
+    MEASURED_AFTER iterations on top -- under the plan as under the local policy."""
+    follower = PlanFollower(BandPolicy(PolicyName.PACK))
+    follower.offer(HostSchedule(1, 1, 0.0, 1000.0, (("a", "b"),), lease_until=1000.0))
+    equal = 0.05  # link seconds per iteration: neither is clearly smaller
+
+    def loads(done_a: int, done_b: int) -> dict[str, JobLoad]:
+        return {
+            "a": JobLoad(equal, 0.15, done_a, busy=False),
+            "b": JobLoad(equal, 0.40, done_b, busy=False),  # b's idle: inflated, waiting
+        }
+
+    for n in range(MEASURED_AFTER + 2):
+        follower.evaluate(float(n), {"a", "b"}, loads(n, n))
+    assert follower.trusted_demands(loads(7, 7)) == {"a": pytest.approx(0.25)}
+    # The plan moves the light to b: once measured on top for long enough, b's counts.
+    follower.offer(HostSchedule(1, 2, 0.0, 1000.0, (("b", "a"),), lease_until=1000.0))
+    for n in range(7, 7 + MEASURED_AFTER + 1):
+        follower.evaluate(float(n), {"a", "b"}, loads(7, n))
+    assert set(follower.trusted_demands(loads(7, 13))) == {"a", "b"}
+    # A job pushing clearly fewer bytes than the green one is smaller whatever its compute.
+    small = loads(7, 13) | {"c": JobLoad(equal / 2, 0.9, 6, busy=False)}
+    assert "c" in follower.trusted_demands(small)
