@@ -1,8 +1,9 @@
 #!/usr/bin/env python3
 """Rotation latency: TensorLights' datapath vs the original prototype's way, under load.
 
-For 1, 8, 16 and 64 jobs (2 PS ports each; three of the jobs carry backlogged TCP flows through
-a veth shaped at 200 Mbit) it measures:
+For 1, 8, 16 and 64 jobs (2 ports each, or --ports-per-job: a collective job's rank holds one
+connection per peer rank and more, so 64 jobs x 64 ports is the size to hold; three of the jobs
+carry backlogged TCP flows through a veth shaped at 200 Mbit) it measures:
   * ours, "green moves": the green light passes to the next job (2 job tables retargeted);
   * ours, "all move": every job changes band (N tables retargeted) -- the worst case;
   * original: delete the root qdisc, re-add qdisc, classes and u32 filters with one `tc`
@@ -11,6 +12,7 @@ Drops are what the sender's TCP had to retransmit during each phase (TcpRetransS
 the qdisc's own drop counter. Needs root. Prints a Markdown table.
 
     .venv/bin/python scripts/bench_rotation.py [--rounds 200] [--jobs 1,8,16,64]
+        [--ports-per-job 2]
 """
 
 from __future__ import annotations
@@ -33,8 +35,14 @@ RATE = 200_000_000
 LOADED_PORTS = [5001, 5002, 5003]
 
 
+PORTS_PER_JOB = [2]
+"""Set from --ports-per-job."""
+
+
 def job_ports(index: int) -> frozenset[int]:
-    return frozenset({5001 + index, 20001 + index})
+    """5001 + index (the loaded jobs' server ports), then ports no other job has."""
+    extra = PORTS_PER_JOB[0] - 1
+    return frozenset({5001 + index, *range(20001 + index * extra, 20001 + (index + 1) * extra)})
 
 
 def spec(jobs: int, band_of: list[int]) -> DatapathSpec:
@@ -135,7 +143,9 @@ def main() -> int:
     parser.add_argument("--rounds", type=int, default=200)
     parser.add_argument("--original-rounds", type=int, default=10)
     parser.add_argument("--jobs", default="1,8,16,64")
+    parser.add_argument("--ports-per-job", type=int, default=2)
     args = parser.parse_args()
+    PORTS_PER_JOB[0] = args.ports_per_job
     sizes = [int(n) for n in args.jobs.split(",")]
     rows = []
     with netns.host_pair() as pair, tempfile.TemporaryDirectory() as state:
@@ -174,6 +184,7 @@ def main() -> int:
         )
     print(
         f"\n{args.rounds} rotations per 'ours' cell, {args.original_rounds} per original cell; "
+        f"{args.ports_per_job} ports per job; "
         "200 Mbit veth, 3 backlogged TCP flows. Retransmits include those of flows starved in\n"
         "lower bands (strict priority at work, with or without rotation); the qdisc's drop\n"
         "counter and the backlog thrown away by a rebuild are what the rotation itself costs."

@@ -20,6 +20,7 @@ from tensorlights.bench.results import Trial, alone_jct, profile_key, summarize
 from tensorlights.bench.runner import HOSTS, RunOptions, run_trial
 from tensorlights.bench.scenarios import (
     COMPARED,
+    LEGACY,
     MAX_ORDER_JOBS,
     SCENARIOS,
     Policy,
@@ -190,6 +191,8 @@ def _plan(chosen: list[Scenario], compared: list[Policy], reps: int) -> list[Ste
         for scenario in chosen:
             policies: list[Policy | StaticOrder] = []
             for policy in compared:
+                if scenario.collective and policy in LEGACY:
+                    continue  # the PS host's tc tree alone: not defined there
                 if policy is Policy.ORDERS:
                     policies += StaticOrder.every(len(scenario.jobs))
                 else:

@@ -18,6 +18,8 @@ LABELS = {
     "tl-rr-original": "TL-RR original (tc rebuild)",
     "rotate": "TensorLights rotate",
     "pack": "TensorLights pack",
+    "controller-pack": "TensorLights pack, controller",
+    "controller-rotate": "TensorLights rotate, controller",
 }
 
 

@@ -1,14 +1,18 @@
 """Runs one scenario under one policy on the emulated cluster, and measures it.
 
-The cluster (tensorlights.testbed.cluster): a PS host `ps` and worker hosts `w1`, `w2` on a
-bridge. The PS host's `eth0` egress is the bottleneck: a FIFO at the link rate (tbf) without
-TensorLights, the agent's HTB with it, or the baselines' `tc` trees. Jobs start at their
-arrival offsets; each is identified only by its launcher's TF_CONFIG. Everything a run starts
-is stopped and the interface is left with the kernel's default qdisc afterwards.
+The cluster (tensorlights.testbed.cluster): a PS host `ps`, worker hosts `w1`, `w2`, `w3` and
+a controller host `ctl` on a bridge. In a PS scenario the PS host's `eth0` egress is the
+bottleneck: a FIFO at the link rate (tbf) without TensorLights, the agent's HTB with it, or
+the baselines' `tc` trees; its workers run on `w1` and `w2`. In a collective scenario every
+job has a rank on `ps`, `w1`, `w2` and `w3`, and each of those hosts' egress is shaped: a FIFO
+on each, an agent on each (standalone, or all following the controller on `ctl`). Jobs start
+at their arrival offsets; each is identified only by its launcher's variables. Everything a
+run starts is stopped and the interfaces are left with the kernel's default qdisc afterwards.
 """
 
 from __future__ import annotations
 
+import contextlib
 import json
 import logging
 import queue
@@ -17,7 +21,7 @@ import subprocess
 import sys
 import threading
 import time
-from collections.abc import Sequence
+from collections.abc import Callable, Sequence
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Protocol
@@ -25,8 +29,19 @@ from typing import Protocol
 from tensorlights.agent.status import read_status
 from tensorlights.bench import legacy_tc
 from tensorlights.bench.results import JobRun, Trial
-from tensorlights.bench.scenarios import WORKER_HOSTS, JobSpec, Policy, StaticOrder
-from tensorlights.errors import TransientError
+from tensorlights.bench.scenarios import (
+    CONTROLLER_HOST,
+    LEGACY,
+    PS_HOST,
+    RANK_HOSTS,
+    WORKER_HOSTS,
+    JobSpec,
+    Policy,
+    StaticOrder,
+)
+from tensorlights.devca import make_pki
+from tensorlights.errors import ConfigError, TransientError
+from tensorlights.model import Mode
 from tensorlights.testbed import netns
 from tensorlights.testbed.cluster import Cluster
 from tensorlights.testbed.netns import Host
@@ -36,8 +51,8 @@ from tensorlights.testbed.workloads import JobShape, Workload, start_workload
 
 log = logging.getLogger(__name__)
 
-PS_HOST = "ps"
-HOSTS = (PS_HOST, *WORKER_HOSTS)
+HOSTS = (*RANK_HOSTS, CONTROLLER_HOST)
+CONTROLLER_PORT = 9740
 IFNAME = "eth0"
 POLL_S = 0.05
 STATUS_EVERY_S = 0.5
@@ -95,6 +110,41 @@ class FifoLink:
 
     def greens(self) -> list[tuple[float, int]]:
         return []
+
+
+class EveryHost:
+    """Several drivers driven together: one per shaped host of a collective scenario (and
+    the controller first, where there is one); the light as `recorder` saw it."""
+
+    def __init__(self, drivers: Sequence[Driver], recorder: Driver) -> None:
+        self.drivers, self.recorder = list(drivers), recorder
+
+    def start(self) -> None:
+        for driver in self.drivers:
+            driver.start()
+
+    def job_started(self, index: int, port: int, job: str) -> None:
+        for driver in self.drivers:
+            driver.job_started(index, port, job)
+
+    def tick(self, now: float) -> None:
+        for driver in self.drivers:
+            driver.tick(now)
+
+    def stop(self) -> int:
+        """Every host restored, the controller last; the first failure raised after that."""
+        stopped, failure = 0, None
+        for driver in reversed(self.drivers):
+            try:
+                stopped += driver.stop()
+            except Exception as exc:  # raised below, once every one is stopped
+                failure = failure or exc
+        if failure is not None:
+            raise failure
+        return stopped
+
+    def greens(self) -> list[tuple[float, int]]:
+        return self.recorder.greens()
 
 
 class LegacyTree:
@@ -196,13 +246,108 @@ class LegacyTree:
         return list(self._greens)
 
 
-class AgentOnHost:
-    """The real agent process, standalone, on the PS host."""
+def _process_up(
+    proc: subprocess.Popen[bytes], ready: Callable[[], bool], what: str, log_path: Path
+) -> None:
+    """Wait (30 s at most) until `ready()`; a process that exits meanwhile is an error."""
+    deadline = time.monotonic() + 30
+    while time.monotonic() < deadline:
+        if proc.poll() is not None:
+            raise RuntimeError(f"the {what} exited with {proc.returncode}; see {log_path}")
+        with contextlib.suppress(TransientError, OSError, json.JSONDecodeError):
+            if ready():
+                return
+        time.sleep(0.1)
+    raise RuntimeError(f"the {what} was not ready within 30 s; see {log_path}")
 
-    def __init__(self, cluster: Cluster, workdir: Path, policy: str, options: RunOptions) -> None:
-        self.host = cluster.hosts[PS_HOST]
+
+def _stop_process(proc: subprocess.Popen[bytes] | None) -> None:
+    if proc is not None and proc.poll() is None:
+        proc.terminate()  # an agent restores the kernel's default qdisc
+        try:
+            proc.wait(20)
+        except subprocess.TimeoutExpired:
+            proc.kill()
+            proc.wait()
+
+
+class ControllerOnHost:
+    """The real controller (`--policy pack` or `rotate`) on the controller host, with a
+    throw-away CA whose agent certificates name the shaped hosts."""
+
+    def __init__(
+        self, cluster: Cluster, workdir: Path, policy: str, agents: Sequence[str],
+        options: RunOptions,
+    ) -> None:  # fmt: skip
+        self.host = cluster.hosts[CONTROLLER_HOST]
+        self.workdir, self.policy, self.agents, self.options = workdir, policy, agents, options
+        self.proc: subprocess.Popen[bytes] | None = None
+
+    @property
+    def address(self) -> str:
+        return f"{self.host.ipv4}:{CONTROLLER_PORT}"
+
+    def agent_config(self, host: str) -> str:
+        """The [controller] section of agent `host`'s config."""
+        pki = self.workdir / "pki"
+        return (
+            f'[controller]\naddress = "{self.address}"\nca = "{pki}/ca.pem"\n'
+            f'cert = "{pki}/{host}.pem"\nkey = "{pki}/{host}.key"\nhost = "{host}"\n'
+        )
+
+    def start(self) -> None:
+        self.workdir.mkdir(parents=True, exist_ok=True)
+        pki = self.workdir / "pki"
+        make_pki(pki, [self.host.ipv4], list(self.agents))
+        (self.workdir / "controller.toml").write_text("")
+        sock = self.workdir / "tlctl.sock"
+        command = [
+            sys.executable, "-m", "tensorlights.cli.controller", "run", "--config",
+            str(self.workdir / "controller.toml"), "--listen", self.address,
+            "--socket", str(sock), "--state-dir", str(self.workdir / "state"),
+            "--tls-ca", str(pki / "ca.pem"), "--tls-cert", str(pki / "controller.pem"),
+            "--tls-key", str(pki / "controller.key"), "--slot", self.options.interval,
+            "--policy", self.policy, "--log-level", "warning",
+        ]  # fmt: skip
+        log_path = self.workdir / "controller.log"
+        with open(log_path, "ab") as log_file:
+            self.proc = subprocess.Popen(
+                self.host.exec_args(*command), stderr=log_file, env=clean_env()
+            )
+        _process_up(self.proc, sock.exists, "controller", log_path)
+
+    def job_started(self, index: int, port: int, job: str) -> None:
+        pass  # the agents report the jobs they find
+
+    def tick(self, now: float) -> None:
+        if self.proc is not None and self.proc.poll() is not None:
+            raise RuntimeError(f"the controller exited with {self.proc.returncode} during the run")
+
+    def stop(self) -> int:
+        _stop_process(self.proc)
+        return 0
+
+    def greens(self) -> list[tuple[float, int]]:
+        return []
+
+
+class AgentOnHost:
+    """The real agent process on one host: standalone, or following `controller`."""
+
+    def __init__(
+        self,
+        cluster: Cluster,
+        workdir: Path,
+        policy: str,
+        options: RunOptions,
+        host: str = PS_HOST,
+        torch_ps: bool = True,
+        controller: ControllerOnHost | None = None,
+    ) -> None:
+        self.name, self.host = host, cluster.hosts[host]
         self.workdir = workdir
         self.policy, self.options = policy, options
+        self.torch_ps, self.controller = torch_ps, controller
         self.proc: subprocess.Popen[bytes] | None = None
         self.index_of: dict[str, int] = {}
         self._moves: dict[tuple[float, str], None] = {}
@@ -211,38 +356,34 @@ class AgentOnHost:
 
     def start(self) -> None:
         self.workdir.mkdir(parents=True, exist_ok=True)
-        # One tenant (root runs every job): the jobs' own variables are believed.
-        # torchrun's rank 0 is the PS of the real PyTorch jobs (testbed/workloads.py).
-        (self.workdir / "agent.toml").write_text(
-            f'starvation_window = "{self.options.starvation_window}"\ntrust = "any"\n'
-            "[discovery]\ntorch_ps_ranks = [0]\n"
-        )
+        # One tenant (root runs every job): the jobs' own variables are believed. In a PS
+        # scenario torchrun's rank 0 is the PS of the real PyTorch jobs (testbed/workloads.py);
+        # in a collective one every rank is (no configuration: DDP is found as it is).
+        config = f'starvation_window = "{self.options.starvation_window}"\ntrust = "any"\n'
+        config += "[discovery]\ntorch_ps_ranks = [0]\n" if self.torch_ps else ""
+        config += self.controller.agent_config(self.name) if self.controller else ""
+        (self.workdir / "agent.toml").write_text(config)
         sock = self.workdir / "agent.sock"
         command = [
             sys.executable, "-m", "tensorlights.cli.agent", "run", "--config",
             str(self.workdir / "agent.toml"), "--interface", IFNAME, "--link-rate",
             f"{self.options.rate_bps}bit", "--policy", self.policy, "--interval",
-            self.options.interval, "--standalone", "--status-socket", str(sock),
+            self.options.interval, "--status-socket", str(sock),
             "--state-dir", str(self.workdir / "state"), "--log-level", "warning",
+            *([] if self.controller else ["--standalone"]),
         ]  # fmt: skip
-        with open(self.workdir / "agent.log", "ab") as log_file:
+        log_path = self.workdir / "agent.log"
+        with open(log_path, "ab") as log_file:
             self.proc = subprocess.Popen(
                 self.host.exec_args(*command), stderr=log_file, env=clean_env()
             )
-        deadline = time.monotonic() + 30
-        while time.monotonic() < deadline:
-            if self.proc.poll() is not None:
-                raise RuntimeError(
-                    f"the agent exited with {self.proc.returncode}; see {self.workdir}/agent.log"
-                )
-            try:
-                status = read_status(sock, timeout_s=2)
-                if status is not None and status.healthy:
-                    return
-            except (TransientError, OSError, json.JSONDecodeError):
-                pass
-            time.sleep(0.1)
-        raise RuntimeError("the agent did not complete its first pass within 30 s")
+
+        def ready() -> bool:
+            status = read_status(sock, timeout_s=2)
+            following = self.controller is None or (status is not None and status.mode is Mode.PLAN)
+            return status is not None and status.healthy and following
+
+        _process_up(self.proc, ready, f"agent on {self.name}", log_path)
 
     def job_started(self, index: int, port: int, job: str) -> None:
         self.index_of[job] = index  # the agent finds the PS by itself
@@ -273,29 +414,59 @@ class AgentOnHost:
     def stop(self) -> int:
         if self.proc is not None and self.proc.poll() is None:
             self._read_moves()
-            self.proc.terminate()  # restores the kernel's default qdisc
-            try:
-                self.proc.wait(20)
-            except subprocess.TimeoutExpired:
-                self.proc.kill()
-                self.proc.wait()
+        _stop_process(self.proc)
         netns.run(["tc", "-n", self.host.ns, "qdisc", "del", "dev", IFNAME, "root"], check=False)
         return 0
 
 
 def make_driver(
-    policy: Policy | StaticOrder, cluster: Cluster, jobs: int, workdir: Path, options: RunOptions
+    policy: Policy | StaticOrder,
+    cluster: Cluster,
+    jobs: int,
+    workdir: Path,
+    options: RunOptions,
+    collective: bool = False,
 ) -> Driver:
-    host = cluster.hosts[PS_HOST]
-    if isinstance(policy, StaticOrder):
-        return LegacyTree(host, options.rate_bps, jobs, None, policy)
+    """What shapes the run: in a PS scenario the PS host's link, in a collective scenario
+    every rank host's link alike."""
+    shaped = RANK_HOSTS if collective else (PS_HOST,)
     if policy in (Policy.FIFO, Policy.ALONE):
-        return FifoLink(host.ns, options.rate_bps)
-    if policy is Policy.FAIR:
-        return LegacyTree(host, options.rate_bps, jobs, None)
-    if policy is Policy.TL_RR_ORIGINAL:
-        return LegacyTree(host, options.rate_bps, jobs, options.original_interval_s)
-    return AgentOnHost(cluster, workdir, policy.value, options)
+        fifos = [FifoLink(cluster.hosts[name].ns, options.rate_bps) for name in shaped]
+        return fifos[0] if len(fifos) == 1 else EveryHost(fifos, fifos[0])
+    if isinstance(policy, StaticOrder) or policy in LEGACY:
+        if collective:
+            raise ConfigError(f"{policy.value}: the PS host's tc tree, not for collective jobs")
+        host = cluster.hosts[PS_HOST]
+        if isinstance(policy, StaticOrder):
+            return LegacyTree(host, options.rate_bps, jobs, None, policy)
+        rotate_every_s = options.original_interval_s if policy is Policy.TL_RR_ORIGINAL else None
+        return LegacyTree(host, options.rate_bps, jobs, rotate_every_s)
+    controller = None
+    agent_policy = policy.value
+    if policy in CONTROLLED:
+        agent_policy = CONTROLLED[policy]  # also what each agent falls back to
+        controller = ControllerOnHost(
+            cluster, workdir / "controller", agent_policy, shaped, options
+        )
+    agents = [
+        AgentOnHost(
+            cluster,
+            workdir / name,
+            agent_policy,
+            options,
+            name,
+            torch_ps=not collective,
+            controller=controller,
+        )
+        for name in shaped
+    ]
+    if controller is None and len(agents) == 1:
+        return agents[0]
+    return EveryHost([*([controller] if controller else []), *agents], agents[0])
+
+
+CONTROLLED = {Policy.CONTROLLER_PACK: "pack", Policy.CONTROLLER_ROTATE: "rotate"}
+"""The controller's policies, by its --policy."""
 
 
 def _tx_bytes(ns: str) -> int:
@@ -315,8 +486,12 @@ def run_trial(
 ) -> Trial:
     """Run `jobs` (at their arrival offsets) to completion under `policy`; measure them."""
     ps = cluster.hosts[PS_HOST]
-    workers = [cluster.hosts[name] for name in WORKER_HOSTS]
-    driver = make_driver(policy, cluster, len(jobs), workdir, options)
+    collective = any(spec.collective for spec in jobs)
+    # A collective job's ranks 1..n on the other rank hosts, one each; a PS job's workers
+    # round-robin over the worker hosts.
+    worker_names = RANK_HOSTS[1:] if collective else WORKER_HOSTS
+    workers = [cluster.hosts[name] for name in worker_names]
+    driver = make_driver(policy, cluster, len(jobs), workdir, options, collective)
     running: dict[int, RunningJob] = {}
     pending = sorted(range(len(jobs)), key=lambda i: jobs[i].start_s)
     workloads = [Workload(spec.workload) for spec in jobs]

@@ -1,8 +1,11 @@
 """The benchmark's scenarios and the policies compared (pure data).
 
-Every scenario runs on the same emulated cluster: one PS host whose egress link (`rate`,
-300 Mbit by default) is the bottleneck, and two worker hosts. Workers are spread round-robin
-over the worker hosts, so jobs share them.
+Every scenario runs on the same emulated cluster. A PS scenario's bottleneck is one PS host's
+egress link (`rate`, 300 Mbit by default), its workers spread round-robin over two worker
+hosts, so jobs share them. A collective scenario's jobs are all-reduce jobs with one rank on
+each of four hosts (the PS host, the two worker hosts and a third), every host's egress
+shaped at `rate`: each job's ring crosses every host's link, as on a cluster where several
+data-parallel jobs share nodes.
 """
 
 from __future__ import annotations
@@ -17,7 +20,13 @@ from typing import ClassVar
 from tensorlights.errors import ConfigError
 
 MB = 1_000_000
+PS_HOST = "ps"
 WORKER_HOSTS = ("w1", "w2")
+RANK_HOSTS = (PS_HOST, *WORKER_HOSTS, "w3")
+"""Where a collective job's ranks run, rank 0 first: every host shaped."""
+CONTROLLER_HOST = "ctl"
+"""Where the controller runs (its link is not shaped)."""
+COLLECTIVE_WORKLOADS = frozenset({"torch-ddp", "horovod-ddp"})
 
 
 class Policy(StrEnum):
@@ -36,6 +45,11 @@ class Policy(StrEnum):
     """The agent, `--policy rotate`: the light moves every interval."""
     PACK = "pack"
     """The agent, `--policy pack`: measured demand, starvation bound (issue 9)."""
+    CONTROLLER_PACK = "controller-pack"
+    """The agents of every shaped host following the controller, `--policy pack`: one
+    cluster-wide order by measured demand, each job green on all its hosts at once."""
+    CONTROLLER_ROTATE = "controller-rotate"
+    """The same with the controller's coordinated rotation (`--policy rotate`)."""
     ALONE = "alone"
     """(Profiles, not compared) one job alone on a FIFO link: its standalone JCT."""
     ORDERS = "orders"
@@ -85,7 +99,12 @@ COMPARED = (
     Policy.TL_RR_ORIGINAL,
     Policy.ROTATE,
     Policy.PACK,
+    Policy.CONTROLLER_PACK,
+    Policy.CONTROLLER_ROTATE,
 )
+LEGACY = frozenset({Policy.FAIR, Policy.TL_RR_ORIGINAL, Policy.ORDERS})
+"""Built with `tc` on the PS host alone: not defined for collective scenarios (every host
+would need its own tree and its own port feed; the prototype had neither)."""
 
 
 @dataclass(frozen=True)
@@ -101,7 +120,7 @@ class JobSpec:
     start_s: float = 0.0
     """Arrival, seconds after the run starts."""
     workload: str = "synthetic"
-    """synthetic, torch-gloo, torch-rpc or tf-ps (testbed.workloads.Workload)."""
+    """synthetic, torch-gloo, torch-rpc, torch-ddp, horovod-ddp or tf-ps (Workload)."""
 
     @property
     def profile(self) -> tuple[str, int, int, float, int]:
@@ -109,8 +128,18 @@ class JobSpec:
         return (self.workload, self.model_bytes, self.workers, self.compute_s, self.iterations)
 
     @property
+    def collective(self) -> bool:
+        """An all-reduce job: `workers` + 1 ranks, one per host (RANK_HOSTS)."""
+        return self.workload in COLLECTIVE_WORKLOADS
+
+    @property
     def pushed_bytes(self) -> int:
-        """Payload the PS sends over the run: the model to every worker, every iteration."""
+        """Payload its busiest host's egress carries over the run: the PS's, the model to
+        every worker every iteration; a collective job's, every rank's share of a ring
+        all-reduce, 2 (n - 1) / n of the model for n ranks, every iteration."""
+        if self.collective:
+            ranks = self.workers + 1
+            return 2 * (ranks - 1) * self.model_bytes // ranks * self.iterations
         return self.model_bytes * self.workers * self.iterations
 
 
@@ -120,6 +149,16 @@ class Scenario:
     title: str
     description: str
     jobs: tuple[JobSpec, ...]
+
+    @property
+    def collective(self) -> bool:
+        return any(job.collective for job in self.jobs)
+
+    def __post_init__(self) -> None:
+        if self.collective and not all(job.collective for job in self.jobs):
+            raise ConfigError(f"scenario {self.key}: collective and PS jobs do not mix")
+        if self.collective and any(job.workers + 1 != len(RANK_HOSTS) for job in self.jobs):
+            raise ConfigError(f"scenario {self.key}: a collective job has one rank per host")
 
     def scaled(self, factor: float) -> Scenario:
         """The same scenario with `factor` times the iterations (and arrival offsets)."""
@@ -231,6 +270,21 @@ SCENARIOS: dict[str, Scenario] = {
             "2 TensorFlow PS jobs (TF_CONFIG: chief and PS on the PS host) x 2 workers, 6 MB "
             "of variables, 150 ms compute, one step per worker per iteration.",
             _jobs(2, 6, 2, 0.15, 25, "tf-ps"),
+        ),
+        # Collective jobs: PyTorch DDP (gloo ring all-reduce), a rank on every shaped host.
+        Scenario(
+            "c1",
+            "PyTorch DDP, 2 jobs on 4 hosts",
+            "2 DistributedDataParallel jobs x 4 ranks (one on each host), 8 MB of gradients, "
+            "100 ms compute: each iteration's all-reduce sends 12 MB from every host.",
+            _jobs(2, 8, 3, 0.1, 25, "torch-ddp"),
+        ),
+        Scenario(
+            "c2",
+            "PyTorch DDP, overload, 3 jobs on 4 hosts",
+            "3 DistributedDataParallel jobs x 4 ranks, 8 MB of gradients, 100 ms compute: the "
+            "three all-reduces of an iteration need ~1 s of every host's link, 10x the compute.",
+            _jobs(3, 8, 3, 0.1, 25, "torch-ddp"),
         ),
     )
 }

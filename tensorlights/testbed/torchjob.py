@@ -1,11 +1,21 @@
-"""Real PyTorch parameter-server jobs: gloo point-to-point, or torch.distributed.rpc (TensorPipe).
+"""Real PyTorch jobs: parameter servers over gloo point-to-point or torch.distributed.rpc
+(TensorPipe), and data-parallel training (DDP) whose ranks all-reduce their gradients.
 
     pip install -e '.[torch]'        # torch==2.13.0 exactly: a local CPU wheel on our machines
     python -m tensorlights.testbed.torchjob ps --master ADDR:PORT --workers 2 --hidden 512
     python -m tensorlights.testbed.torchjob worker --master ADDR:PORT --rank 1 --workers 2
+    python -m tensorlights.testbed.torchjob ddp --master ADDR:PORT --rank 0 --workers 3
 
 or launched as torchrun launches a script: RANK, WORLD_SIZE, MASTER_ADDR and MASTER_PORT in
-the environment stand for --rank, --workers + 1 and --master.
+the environment stand for --rank, --workers + 1 (ddp: --workers is WORLD_SIZE - 1 too, the
+ranks other than this one's peer 0) and --master.
+
+ddp: every rank wraps the same MLP in DistributedDataParallel (gloo, CPU): forward on a random
+batch, the rest of --compute waited out (an accelerator's step), then backward, during which
+DDP all-reduces the gradients in buckets (gloo's ring over one connection per pair of ranks,
+ephemeral ports); backward returns once they are averaged, then an SGD step. Each rank notes
+when its all-reduce was done (CLOCK_MONOTONIC) and prints {"received": [...]}; rank 0 also
+prints "listening PORT" once the group is up and the summary, as the PS does.
 
 Rank 0 is the PS: it holds a real model (an MLP, --hidden sets its size), and every
 iteration sends all its parameters to every worker at once, receives every worker's gradient
@@ -185,6 +195,35 @@ def _ps_round_rpc(args: argparse.Namespace, flat: Any) -> list[Any]:
     return [call.wait() for call in calls]
 
 
+def run_ddp(args: argparse.Namespace) -> int:
+    import torch
+    import torch.distributed as dist
+    from torch.nn.parallel import DistributedDataParallel
+
+    _init_gloo(args, args.rank)
+    model = DistributedDataParallel(_model(args.hidden))
+    optimizer = torch.optim.SGD(model.parameters(), lr=args.lr)
+    if args.rank == 0:
+        print(f"listening {args.master.rpartition(':')[2]}", flush=True)
+    listening_at = _wait_until(args.start_at)
+    reduced: list[float] = []
+    for _ in range(args.iterations):
+        began = time.monotonic()
+        inputs = torch.randn(args.batch, args.hidden)
+        labels = torch.randint(0, 10, (args.batch,))
+        loss = torch.nn.functional.cross_entropy(model(inputs), labels)
+        time.sleep(max(0.0, args.compute - (time.monotonic() - began)))
+        loss.backward()  # type: ignore[no-untyped-call]
+        reduced.append(time.monotonic())  # every rank's gradients averaged here
+        optimizer.step()
+        optimizer.zero_grad()
+    print(json.dumps({"received": reduced}), flush=True)
+    if args.rank == 0:
+        print(_summary(args, listening_at, reduced[-1] if reduced else None), flush=True)
+    dist.destroy_process_group()
+    return 0
+
+
 def _shutdown(args: argparse.Namespace) -> None:
     if args.transport == "rpc":
         from torch.distributed import rpc
@@ -236,7 +275,7 @@ def main(argv: list[str] | None = None) -> int:
     parser = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
     sub = parser.add_subparsers(dest="role", required=True)
     defaults = _torchrun_defaults()
-    for role in ("ps", "worker"):
+    for role in ("ps", "worker", "ddp"):
         p = sub.add_parser(role)
         p.add_argument("--master", metavar="ADDR:PORT", help="the PS's address (MASTER_ADDR/PORT)")
         p.add_argument("--workers", type=int, help="workers (WORLD_SIZE - 1)")
@@ -245,25 +284,27 @@ def main(argv: list[str] | None = None) -> int:
         p.add_argument("--ifname", default="eth0", help="GLOO_SOCKET_IFNAME / TP_SOCKET_IFNAME")
         p.add_argument("--transport", choices=("gloo", "rpc"), default="gloo")
         p.set_defaults(**defaults)
-    sub.choices["ps"].add_argument("--lr", type=float, default=0.01)
-    sub.choices["ps"].add_argument(
-        "--start-at", type=float, metavar="T", help="first iteration at CLOCK_MONOTONIC T"
-    )
-    worker = sub.choices["worker"]
-    worker.add_argument("--rank", type=int, help="this worker's rank (RANK)")
-    worker.add_argument(
-        "--batch", type=int, default=4096, help="samples per step: the real compute"
-    )
-    worker.add_argument(
-        "--compute", type=float, default=0.0, metavar="S",
-        help="an accelerator's step time: the real pass, then the rest of S waited out",
-    )  # fmt: skip
-    worker.set_defaults(**defaults)
+    for role in ("ps", "ddp"):
+        sub.choices[role].add_argument("--lr", type=float, default=0.01)
+        sub.choices[role].add_argument(
+            "--start-at", type=float, metavar="T", help="first iteration at CLOCK_MONOTONIC T"
+        )
+    for role in ("worker", "ddp"):
+        worker = sub.choices[role]
+        worker.add_argument("--rank", type=int, help="this worker's rank (RANK)")
+        worker.add_argument(
+            "--batch", type=int, default=4096, help="samples per step: the real compute"
+        )
+        worker.add_argument(
+            "--compute", type=float, default=0.0, metavar="S",
+            help="an accelerator's step time: the real pass, then the rest of S waited out",
+        )  # fmt: skip
+        worker.set_defaults(**defaults)
     args = parser.parse_args(argv)
     missing = [
         flag for flag, value in (("--master", args.master), ("--workers", args.workers))
         if value is None
-    ] + (["--rank"] if args.role == "worker" and args.rank is None else [])  # fmt: skip
+    ] + (["--rank"] if args.role != "ps" and args.rank is None else [])  # fmt: skip
     if missing:
         parser.error(f"{', '.join(missing)} required (or torchrun's variables)")
     os.environ["GLOO_SOCKET_IFNAME"] = os.environ["TP_SOCKET_IFNAME"] = args.ifname
@@ -274,7 +315,7 @@ def main(argv: list[str] | None = None) -> int:
             "PyTorch is not installed: pip install -e '.[torch]' (torch==2.13.0)", file=sys.stderr
         )
         return 2
-    return run_ps(args) if args.role == "ps" else run_worker(args)
+    return {"ps": run_ps, "worker": run_worker, "ddp": run_ddp}[args.role](args)
 
 
 if __name__ == "__main__":

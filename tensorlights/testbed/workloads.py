@@ -5,6 +5,13 @@
               (RANK, WORLD_SIZE, MASTER_ADDR/PORT, TORCHELASTIC_RUN_ID): discovery needs
               `torch_ps_ranks = [0]`;
   torch-rpc   the same over torch.distributed.rpc (TensorPipe);
+  torch-ddp   a collective job: torchjob's DistributedDataParallel ranks (gloo all-reduce),
+              rank 0 where the others have their PS, with torchrun's variables: found with no
+              configuration (each agent must *not* set `torch_ps_ranks`);
+  horovod-ddp the same ranks launched with the environment horovodrun's Gloo mode gives
+              (HOROVOD_RANK, HOROVOD_SIZE, HOROVOD_GLOO_RENDEZVOUS_ADDR/PORT, ...): Horovod
+              itself does not build against this torch (its last release, 0.28.1, needs
+              C++14 where torch >= 2.1 needs C++17), so the training is DDP's;
   tf-ps       tensorlights.testbed.tfjob: TensorFlow's ParameterServerStrategy with TF_CONFIG
               (its own virtualenv: see tfjob's docstring).
 
@@ -45,6 +52,8 @@ class Workload(StrEnum):
     SYNTHETIC = "synthetic"
     TORCH_GLOO = "torch-gloo"
     TORCH_RPC = "torch-rpc"
+    TORCH_DDP = "torch-ddp"
+    HOROVOD_DDP = "horovod-ddp"
     TF_PS = "tf-ps"
 
     @property
@@ -53,7 +62,10 @@ class Workload(StrEnum):
         framework's import and rendezvous, measured with a whole scenario starting at once
         on this 2-core machine (torch ~4-8 s, TensorFlow ~20-35 s), with a margin. The
         synthetic job starts in well under a second and is launched at its arrival."""
-        return {"synthetic": 0.0, "torch-gloo": 15.0, "torch-rpc": 15.0, "tf-ps": 50.0}[self]
+        return {
+            "synthetic": 0.0, "torch-gloo": 15.0, "torch-rpc": 15.0, "torch-ddp": 15.0,
+            "horovod-ddp": 15.0, "tf-ps": 50.0,
+        }[self]  # fmt: skip
 
 
 @dataclass(frozen=True)
@@ -83,6 +95,25 @@ def torchrun_env(run_id: str, rank: int, world_size: int, master: str) -> dict[s
     }  # fmt: skip
 
 
+_rendezvous_ports = itertools.count(28000)
+"""Where each job's horovodrun would run its rendezvous server on the launching host (in
+every rank's environment: the job's id, the same on every host)."""
+
+
+def horovodrun_env(rendezvous: str, rank: int, world_size: int, ifname: str) -> dict[str, str]:
+    """The variables horovodrun's Gloo mode (one process per host) gives a rank."""
+    return {
+        "HOROVOD_RANK": str(rank), "HOROVOD_SIZE": str(world_size),
+        "HOROVOD_LOCAL_RANK": "0", "HOROVOD_LOCAL_SIZE": "1",
+        "HOROVOD_CROSS_RANK": str(rank), "HOROVOD_CROSS_SIZE": str(world_size),
+        "HOROVOD_GLOO_RENDEZVOUS_ADDR": rendezvous.rpartition(":")[0],
+        "HOROVOD_GLOO_RENDEZVOUS_PORT": rendezvous.rpartition(":")[2],
+        "HOROVOD_CONTROLLER": "gloo", "HOROVOD_CPU_OPERATIONS": "gloo",
+        "HOROVOD_GLOO_IFACE": ifname, "HOROVOD_GLOO_TIMEOUT_SECONDS": "30",
+        "PYTHONWARNINGS": "ignore::UserWarning", "TORCH_CPP_LOG_LEVEL": "ERROR",
+    }  # fmt: skip
+
+
 def start_workload(
     workload: Workload,
     tag: str,
@@ -105,8 +136,11 @@ def start_workload(
         return job
     if workload is Workload.TF_PS:
         return start_tf_job(ps_host, worker_hosts, shape, start_at)
-    transport = "rpc" if workload is Workload.TORCH_RPC else "gloo"
-    return start_torch_job(transport, tag, ps_host, worker_hosts, shape, start_at)
+    transport = {Workload.TORCH_RPC: "rpc", Workload.TORCH_DDP: "ddp", Workload.HOROVOD_DDP: "ddp"}
+    return start_torch_job(
+        transport.get(workload, "gloo"), tag, ps_host, worker_hosts, shape, start_at,
+        horovod=workload is Workload.HOROVOD_DDP,
+    )  # fmt: skip
 
 
 def start_torch_job(
@@ -116,30 +150,58 @@ def start_torch_job(
     worker_hosts: Sequence[Host],
     shape: JobShape,
     start_at: float | None,
+    horovod: bool = False,
 ) -> RunningJob:
     """testbed/torchjob.py's PS as torchrun's rank 0 on `ps_host`, its workers as ranks 1..n;
-    `tag` is the run id."""
+    `tag` is the run id. Transport "ddp": every rank, 0 included, trains and all-reduces;
+    `horovod`: launched with horovodrun's variables instead of torchrun's."""
     port = next(_master_ports)
     master = f"{ps_host.ipv4}:{port}"
     world = shape.workers + 1
+    ddp = transport == "ddp"
     common = ["--hidden", str(hidden_for(shape.model_bytes)), "--iterations",
-              str(shape.iterations), "--transport", transport]  # fmt: skip
+              str(shape.iterations), "--transport", "gloo" if ddp else transport]  # fmt: skip
+    step = ["--batch", str(TORCH_BATCH), "--compute", str(shape.compute_s)]
     hold = [] if start_at is None else ["--start-at", repr(start_at)]
-    ps = subprocess.Popen(
-        ps_host.exec_args(*TORCH_MODULE, "ps", *common, "--ifname", ps_host.ifname, *hold),
-        stdout=subprocess.PIPE, text=True, env=clean_env(torchrun_env(tag, 0, world, master)),
-    )  # fmt: skip
-    ranks = [
+    hosts = [ps_host, *round_robin(worker_hosts, shape.workers)]
+    rendezvous = f"{ps_host.ipv4}:{next(_rendezvous_ports)}"
+
+    def rank_args(rank: int, host: Host) -> list[str]:
+        if not ddp:
+            return ["ps", *common, "--ifname", host.ifname, *hold] if rank == 0 else [
+                "worker", *common, "--ifname", host.ifname, *step]  # fmt: skip
+        # Horovod gives no master address: its ranks meet at horovodrun's rendezvous
+        # server, which the script's own gloo group stands in for here (--master).
+        where = ["--master", master, "--rank", str(rank), "--workers", str(shape.workers)]
+        return ["ddp", *common, "--ifname", host.ifname, *step, *hold, *where]
+
+    def env(rank: int, host: Host) -> dict[str, str]:
+        if horovod:
+            return horovodrun_env(rendezvous, rank, world, host.ifname)
+        return torchrun_env(tag, rank, world, master)
+
+    procs = [
         subprocess.Popen(
-            host.exec_args(
-                *TORCH_MODULE, "worker", *common, "--ifname", host.ifname, "--batch",
-                str(TORCH_BATCH), "--compute", str(shape.compute_s)),
-            stdout=subprocess.PIPE, text=True,
-            env=clean_env(torchrun_env(tag, rank, world, master)),
+            host.exec_args(*TORCH_MODULE, *rank_args(rank, host)),
+            stdout=subprocess.PIPE, text=True, env=clean_env(env(rank, host)),
         )
-        for rank, host in enumerate(round_robin(worker_hosts, shape.workers), start=1)
+        for rank, host in enumerate(hosts)
     ]  # fmt: skip
-    return RunningJob(ps, ranks, port, job=f"torch/{tag}")
+    job = f"horovod/{rendezvous}" if horovod else f"torch/{tag}"
+    return (DdpJob if ddp else RunningJob)(procs[0], procs[1:], port, job=job)
+
+
+class DdpJob(RunningJob):
+    """Rank 0 stands where the others have their PS: it prints "listening", its own log and
+    the summary; every rank's log is the job's ground truth (when its all-reduce was done)."""
+
+    def received(self, timeout: float) -> list[list[float]]:
+        logs = [json.loads(w.communicate(timeout=timeout)[0])["received"] for w in self.workers]
+        out, _ = self.ps.communicate(timeout=timeout)
+        lines = [json.loads(line) for line in out.splitlines() if line.startswith("{")]
+        own: list[float] = next((line["received"] for line in lines if "received" in line), [])
+        self.summary = next((line for line in reversed(lines) if "iterations" in line), None)
+        return [own, *logs]
 
 
 CHECKOUT = Path(__file__).resolve().parents[2]

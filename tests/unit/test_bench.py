@@ -32,6 +32,8 @@ from tensorlights.bench.scenarios import (
 )
 from tensorlights.errors import ConfigError
 
+CONTROLLER = (Policy.CONTROLLER_PACK, Policy.CONTROLLER_ROTATE)
+
 
 def test_wire_bytes_count_headers_per_segment() -> None:
     assert wire_bytes(1448) == pytest.approx(1514)
@@ -107,7 +109,9 @@ def test_bound_is_below_every_serial_schedule_and_above_both_simple_bounds(
 
 
 def test_scenarios_cover_the_issue_and_scale() -> None:
-    assert sorted(SCENARIOS) == ["a", "b", "c", "d", "e", "f", "r1", "r2", "r3", "r4"]
+    assert sorted(SCENARIOS) == [
+        *("a", "b", "c", "c1", "c2", "d", "e", "f", "r1", "r2", "r3", "r4")
+    ]
     # The real frameworks' scenarios: RPC, overloaded gloo, mixed sizes, TensorFlow.
     assert {j.workload for j in SCENARIOS["r1"].jobs} == {"torch-rpc"}
     assert {j.workload for j in SCENARIOS["r2"].jobs} == {"torch-gloo"}
@@ -127,7 +131,7 @@ def test_scenarios_cover_the_issue_and_scale() -> None:
 
 def test_selection_refuses_unknown_names() -> None:
     assert [s.key for s in select("a, c")] == ["a", "c"]
-    assert len(select("all")) == 10
+    assert len(select("all")) == 12
     assert select_policies("all") == list(COMPARED)
     with pytest.raises(ConfigError, match="unknown scenario"):
         select("z")
@@ -249,6 +253,27 @@ def test_orders_expand_per_scenario_in_the_plan() -> None:
     assert runs == [("a", "static"), ("a", "order-1-2"), ("a", "order-2-1"), ("f", "static")]
     assert select_policies("pack,orders") == [Policy.PACK, Policy.ORDERS]
     assert Policy.ORDERS not in select_policies("all")
+
+
+def test_collective_scenarios_put_a_rank_on_every_shaped_host() -> None:
+    # The issue's all-reduce scenarios: 2 and 3 DDP jobs, every host runs a rank of each.
+    for key, jobs in (("c1", 2), ("c2", 3)):
+        scenario = SCENARIOS[key]
+        assert scenario.collective and len(scenario.jobs) == jobs
+        assert all(j.workload == "torch-ddp" and j.workers + 1 == 4 for j in scenario.jobs)
+    # Each host's link carries its share of every ring all-reduce: 2 (n - 1) / n of 8 MB.
+    job = SCENARIOS["c2"].jobs[0]
+    assert job.pushed_bytes == 2 * 3 * job.model_bytes // 4 * job.iterations
+    ddp = JobSpec("x", 8_000_000, 3, 0.1, 10, workload="torch-ddp")
+    with pytest.raises(ConfigError, match="do not mix"):
+        Scenario("t", "t", "t", (ddp, JobSpec("y", 8_000_000, 3, 0.1, 10)))
+    with pytest.raises(ConfigError, match="one rank per host"):
+        Scenario("t", "t", "t", (replace(ddp, workers=2),))
+    # The prototype's tc trees shape the PS host alone: not run for collective jobs; the
+    # controller's policies are.
+    steps = cli._plan([SCENARIOS["c1"]], [Policy.FIFO, Policy.TL_RR_ORIGINAL, *CONTROLLER], 1)
+    runs = [policy.value for scenario, policy, _, _, _ in steps if scenario == "c1"]
+    assert runs == ["fifo", "controller-pack", "controller-rotate"]
 
 
 def test_policies_are_reported_against_the_best_static_order() -> None:
