@@ -151,44 +151,53 @@ class NetlinkSocket:
             self._sock.setblocking(True)
 
     def execute(self, requests: list[Request]) -> None:
-        """Send all requests in one sendmsg(); wait for every ack. The first failure raises
-        (the kernel still processes the others: callers re-read state after an error)."""
+        """Send the requests in as few sendmsg() calls as fit (MAX_BATCH_BYTES each: one for
+        a rotation); wait for every ack. The first failure raises once all were sent (the
+        kernel still processes the others: callers re-read state after an error)."""
         if not requests:
             return
         with self._lock:
             self._drain()
-            seqs: dict[int, Request] = {}
-            chunks = []
-            for req in requests:
-                seq = self._next_seq()
-                seqs[seq] = req
-                chunks.append(
-                    NLMSG_HDR.pack(
-                        NLMSG_HDR.size + len(req.payload),
-                        req.msg_type,
-                        req.flags | NLM_F_REQUEST | NLM_F_ACK,
-                        seq,
-                        0,
-                    )
-                )
-                chunks.append(req.payload)
-            try:
-                self._sock.sendall(b"".join(chunks))
-            except OSError as exc:
-                raise _map_errno("sending netlink batch", exc.errno or 0, "") from exc
             first_error: NetlinkRequestError | TransientError | None = None
-            pending = len(seqs)
-            while pending:
-                data = self._recv()
-                for msg_type, flags, seq, body in _split(data):
-                    if msg_type != NLMSG_ERROR or seq not in seqs:
-                        continue
-                    pending -= 1
-                    code = struct.unpack_from("=i", body)[0]
-                    if code and first_error is None:
-                        first_error = _map_errno(seqs[seq].what, -code, _extack(flags, body))
+            for batch in _batches(requests):
+                error = self._send_batch(batch)
+                first_error = first_error or error
             if first_error is not None:
                 raise first_error
+
+    def _send_batch(self, requests: list[Request]) -> NetlinkRequestError | TransientError | None:
+        """One sendmsg() of `requests` and their acks; the first failure, returned."""
+        seqs: dict[int, Request] = {}
+        chunks = []
+        for req in requests:
+            seq = self._next_seq()
+            seqs[seq] = req
+            chunks.append(
+                NLMSG_HDR.pack(
+                    NLMSG_HDR.size + len(req.payload),
+                    req.msg_type,
+                    req.flags | NLM_F_REQUEST | NLM_F_ACK,
+                    seq,
+                    0,
+                )
+            )
+            chunks.append(req.payload)
+        try:
+            self._sock.sendall(b"".join(chunks))
+        except OSError as exc:
+            raise _map_errno("sending netlink batch", exc.errno or 0, "") from exc
+        first_error: NetlinkRequestError | TransientError | None = None
+        pending = len(seqs)
+        while pending:
+            data = self._recv()
+            for msg_type, flags, seq, body in _split(data):
+                if msg_type != NLMSG_ERROR or seq not in seqs:
+                    continue
+                pending -= 1
+                code = struct.unpack_from("=i", body)[0]
+                if code and first_error is None:
+                    first_error = _map_errno(seqs[seq].what, -code, _extack(flags, body))
+        return first_error
 
     def dump(self, msg_type: int, payload: bytes, flags: int = 0) -> list[bytes]:
         """Raw messages of a dump. NLM_F_DUMP_INTR (state changed meanwhile) -> resync."""
@@ -272,6 +281,27 @@ class NetlinkSocket:
                         answers[i] = (chunk, "")
                     pending -= 1
             return [answer for answer in answers if answer is not None]
+
+
+MAX_BATCH_BYTES = 32 * 1024
+"""Largest sendmsg() of requests: the kernel refuses a netlink message batch larger than the
+socket's send buffer (EMSGSIZE: 64 jobs x 64 ports in one full apply), and every request's
+ack must fit the receive buffer until read."""
+
+
+def _batches(requests: list[Request]) -> list[list[Request]]:
+    """`requests` in order, cut where a batch would pass MAX_BATCH_BYTES (a request larger
+    than that goes alone)."""
+    batches: list[list[Request]] = [[]]
+    size = 0
+    for req in requests:
+        length = NLMSG_HDR.size + len(req.payload)
+        if batches[-1] and size + length > MAX_BATCH_BYTES:
+            batches.append([])
+            size = 0
+        batches[-1].append(req)
+        size += length
+    return batches
 
 
 def _split(data: bytes) -> Iterator[tuple[int, int, int, bytes]]:
