@@ -2,9 +2,11 @@
 
 from __future__ import annotations
 
+import pytest
 from hypothesis import given, settings
 from hypothesis import strategies as st
 
+from tensorlights.errors import ClassifierFullError
 from tensorlights.model import NUM_BANDS, DatapathSpec, JobShaping
 from tensorlights.policy.tc_plan import (
     FIRST_BAND_MINOR,
@@ -274,3 +276,16 @@ def test_diff_converges_from_any_state_in_one_pass(
         # the fast path and the full reconcile agree
         fast_state = simulate(state, planned[1], planned[0])
         assert diff(fast_state, planned[0]) == []
+
+
+def test_more_ports_than_the_u32_root_table_holds_is_a_clear_permanent_error() -> None:
+    # 64 collective jobs x 63 ports fit (4032); 64 x 64 (4096) pass the 4095 node ids.
+    fits = {
+        f"j{i}": (min(i, NUM_BANDS - 1), set(range(10000 + 64 * i, 10063 + 64 * i)))
+        for i in range(64)
+    }
+    ops = diff(empty(), desired_layout(spec_of(fits), TUNING))
+    assert len([op for op in ops if isinstance(op, PutLink)]) == 2 * 64 * 63  # IPv4, IPv6
+    full = {job: (band, ports | {20000 + i}) for i, (job, (band, ports)) in enumerate(fits.items())}
+    with pytest.raises(ClassifierFullError, match="u32 root table is full"):
+        diff(empty(), desired_layout(spec_of(full), TUNING))
