@@ -1,6 +1,7 @@
-"""A real PyTorch DDP job (gloo all-reduce among its ranks, launched with torchrun's variables)
-across two emulated hosts: the agent finds its rank with no configuration at all, shapes the
-rank's traffic in the job's band, calls the job collective, and measures its iterations."""
+"""A real PyTorch DDP job (gloo all-reduce among its ranks, launched with torchrun's variables,
+or with horovodrun's) across two emulated hosts: the agent finds its rank with no
+configuration at all, shapes the rank's traffic in the job's band, calls the job collective,
+and measures its iterations."""
 
 from __future__ import annotations
 
@@ -26,16 +27,19 @@ ITERATIONS = 20
 MODEL_BYTES = 2_000_000
 
 
+@pytest.mark.parametrize("workload", [Workload.TORCH_DDP, Workload.HOROVOD_DDP])
 def test_a_ddp_job_is_found_shaped_and_measured_with_no_configuration(
-    pair: netns.HostPair, tmp_path: Path, agents: list[AgentProcess]
+    pair: netns.HostPair, tmp_path: Path, agents: list[AgentProcess], workload: Workload
 ) -> None:
     (tmp_path / "agent.toml").write_text("")  # nothing about the job: defaults throughout
     agent = AgentProcess(pair, tmp_path, "--policy", "static", "--interval", "1s")
     agents.append(agent)
     agent.wait_status(lambda d: bool(d.get("healthy")))
     shape = JobShape(workers=1, model_bytes=MODEL_BYTES, iterations=ITERATIONS, compute_s=0.1)
-    start_at = time.monotonic() + Workload.TORCH_DDP.start_up_s
-    job = start_workload(Workload.TORCH_DDP, "ddp-e2e", pair.a, [pair.b], shape, start_at)
+    start_at = time.monotonic() + workload.start_up_s
+    job = start_workload(workload, "ddp-e2e", pair.a, [pair.b], shape, start_at)
+    # The id every host gives the job: torchrun's run id, or horovodrun's rendezvous.
+    assert job.job.startswith("torch/" if workload is Workload.TORCH_DDP else "horovod/")
     scraped = ""
     try:
         # Rank 0 on this host: its gloo pairs' ephemeral ports are the job's, found by process.
