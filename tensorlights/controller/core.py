@@ -139,6 +139,7 @@ class Controller:
             self.registry.demands(),
             self.registry.arrival_order(),
             self.registry.end_times(),
+            self.registry.iterative(),
         )
         if changed:
             self.metrics.plan_seconds.observe(time.perf_counter() - started)

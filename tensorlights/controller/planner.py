@@ -9,7 +9,7 @@ A host's plan carries the generation at which it last changed; the generation on
 from __future__ import annotations
 
 import math
-from collections.abc import Mapping, Sequence
+from collections.abc import Collection, Mapping, Sequence
 from dataclasses import dataclass
 from enum import StrEnum
 
@@ -67,14 +67,22 @@ class Planner:
         demands: Mapping[str, float] | None = None,
         arrival: Sequence[str] = (),
         end_times: Mapping[str, float] | None = None,
+        iterative: Collection[str] = (),
     ) -> set[str]:
-        """Recompute for a new membership (and, under pack, the jobs' demands and arrival
-        order); the hosts whose plan changed."""
+        """Recompute for a new membership (and, under pack, the jobs' demands, arrival order
+        and which jobs are measured iterating); the hosts whose plan changed."""
         ranking: tuple[str, ...] = ()
         if self.policy is ClusterPolicy.PACK:
-            known = [job for job in arrival if job in membership]
+            # The order in force, then newcomers in arrival order. An iterating job whose
+            # demand is not trusted yet (agents report only what pack would order by) keeps
+            # its place, as on an agent: put behind, it would come back once measured, and
+            # the light would move twice.
+            known = [job for job in self._ranking if job in membership]
+            known += [job for job in arrival if job in membership and job not in known]
             known += sorted(set(membership) - set(known))
-            ranking = tuple(pack_order(known, demands or {}, {}, end_times))
+            demands = demands or {}
+            holding = frozenset(iterative) & frozenset(membership) - demands.keys()
+            ranking = tuple(pack_order(known, demands, {}, end_times, holding))
         if (
             membership == self._membership
             and hosts == set(self._orders)

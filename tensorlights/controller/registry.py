@@ -276,6 +276,16 @@ class Registry:
                     demands[job] = max(demands.get(job, 0.0), reported.demand)
         return demands
 
+    def iterative(self) -> set[str]:
+        """Jobs some host measured iterations of (a period reported): their demand may not
+        be trusted yet, but they are training jobs, not bulk traffic."""
+        return {
+            job
+            for record in self.hosts.values()
+            for job, reported in record.jobs.items()
+            if reported.period_s is not None
+        }
+
     def jobs(self) -> list[JobView]:
         membership = self.membership()
         names = set(membership)

@@ -229,5 +229,8 @@ class PlanFollower:
         the light: what is reported to the controller, so its cluster-wide order does not
         take a waiting job's low reading (its idle inflated by the wait) for a small demand
         and put it ahead of the job on top (seen: the light moved 7 times in 20 s among three
-        equal DDP jobs)."""
-        return ordering_demands(loads, self.local.on_top.counts, self._green)
+        equal DDP jobs). Not the green job's own until it has been measured on top: its
+        readings until then were taken waiting, and trusting them the moment it turned green
+        made the light flicker between two jobs every 50-100 ms (each host's report moved
+        the job's demand as the light reached it, and back as it left)."""
+        return ordering_demands(loads, self.local.on_top.counts, self._green, trust_top=False)

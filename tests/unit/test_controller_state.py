@@ -150,6 +150,41 @@ def test_pack_planner_gives_every_host_one_cluster_wide_order_by_demand() -> Non
     assert registry.version == version and update() == set()
 
 
+def test_pack_planner_keeps_an_iterating_job_in_place_until_its_demand_is_trusted() -> None:
+    """Agents report a demand only once pack may order by it: a job iterating (a period
+    reported) without one holds its place in the order in force instead of going behind
+    every measured job and coming back once measured (the light moving twice)."""
+    registry = Registry()
+    session = registry.register(reg("h"), now=0).session
+    planner = Planner(slot_s=2.0, lease_s=10.0, incarnation=1, policy="pack")
+
+    def report(seq: int, jobs: dict[str, tuple[float | None, float | None]]) -> None:
+        reported = tuple(
+            ReportedJob(j, frozenset({1000 + i}), 1, 1, period_s=p, demand=d)
+            for i, (j, (p, d)) in enumerate(sorted(jobs.items()))
+        )
+        registry.report(HostReport(session, seq, reported, (), "plan", ""), now=1)
+
+    def order() -> tuple[str, ...]:
+        planner.update(
+            registry.membership(), set(registry.hosts), registry.demands(),
+            registry.arrival_order(), None, registry.iterative(),
+        )  # fmt: skip
+        return planner.plan_for("h").slots[0]
+
+    report(1, {"x": (None, None), "y": (None, None)})
+    assert order() == ("x", "y")
+    # y measured on top elsewhere: trusted; x iterates here, its demand not trusted yet.
+    report(2, {"x": (0.5, None), "y": (0.5, 0.6)})
+    assert order() == ("x", "y")
+    # x trusted too, clearly smaller: it stays first; y's larger demand keeps it second.
+    report(3, {"x": (0.5, 0.2), "y": (0.5, 0.6)})
+    assert order() == ("x", "y")
+    # Without a period (bulk traffic, not a training job) an untrusted job goes behind.
+    report(4, {"x": (None, None), "y": (0.5, 0.6)})
+    assert order() == ("y", "x")
+
+
 def test_wire_checks_refuse_bad_input() -> None:
     good = pb.AgentReport(session="s", seq=1, mode="plan", jobs=[pb.PsJob(job="j", ports=[80])])
     assert convert.report(good.SerializeToString()).jobs[0].ports == frozenset({80})

@@ -148,9 +148,12 @@ def test_only_demands_measured_in_the_light_are_reported_while_following_a_plan(
     assert follower.trusted_demands(loads(7, 7)) == {"a": pytest.approx(0.25)}
     # The plan moves the light to b: once measured on top for long enough, b's counts.
     follower.offer(HostSchedule(1, 2, 0.0, 1000.0, (("b", "a"),), lease_until=1000.0))
-    for n in range(7, 7 + MEASURED_AFTER + 1):
+    follower.evaluate(7.0, {"a", "b"}, loads(7, 7))
+    # Green now, but measured waiting so far: not reported until measured on top.
+    assert set(follower.trusted_demands(loads(7, 7))) == {"a"}
+    for n in range(8, 8 + MEASURED_AFTER + 1):
         follower.evaluate(float(n), {"a", "b"}, loads(7, n))
-    assert set(follower.trusted_demands(loads(7, 13))) == {"a", "b"}
+    assert set(follower.trusted_demands(loads(7, 14))) == {"a", "b"}
     # A job pushing clearly fewer bytes than the green one is smaller whatever its compute.
-    small = loads(7, 13) | {"c": JobLoad(equal / 2, 0.9, 6, busy=False)}
+    small = loads(7, 14) | {"c": JobLoad(equal / 2, 0.9, 6, busy=False)}
     assert "c" in follower.trusted_demands(small)
