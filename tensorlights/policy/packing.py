@@ -259,22 +259,18 @@ def ordering_demands(
     loads: Mapping[str, JobLoad],
     on_top: Mapping[str, int],
     top: str | None,
-    strict: bool = False,
+    trust_top: bool = True,
 ) -> dict[str, float]:
     """The demands pack orders by (module doc): those resting on MEASURED_AFTER iterations,
-    of `top` (the green job: measured where it is), of jobs measured that long on top, and of
-    jobs pushing clearly fewer bytes than `top`. `strict` (what agents report to the
-    controller, whose order a waiting job's reading must not flip): not `top`'s own until it
-    was measured on top, and a smaller job's only from a settled load (a waiting all-reduce
-    job's iterations, grouped while held back, read fewer bytes than they carry)."""
+    of `top` (the green job: measured where it is; unless not `trust_top`), of jobs measured
+    that long on top, and of jobs pushing clearly fewer bytes than `top`."""
     top_load = loads.get(top) if top is not None else None
     demands = {}
     for job, load in loads.items():
         if load.iterations < MEASURED_AFTER:
             continue
         smaller = top_load is not None and load.link_s * DEMAND_BUCKET <= top_load.link_s
-        smaller &= load.settled or not strict
-        if (job == top and not strict) or on_top.get(job, 0) >= MEASURED_AFTER or smaller:
+        if (trust_top and job == top) or on_top.get(job, 0) >= MEASURED_AFTER or smaller:
             demands[job] = load.demand
     return demands
 

@@ -233,4 +233,4 @@ class PlanFollower:
         readings until then were taken waiting, and trusting them the moment it turned green
         made the light flicker between two jobs every 50-100 ms (each host's report moved
         the job's demand as the light reached it, and back as it left)."""
-        return ordering_demands(loads, self.local.on_top.counts, self._green, strict=True)
+        return ordering_demands(loads, self.local.on_top.counts, self._green, trust_top=False)
