@@ -33,6 +33,7 @@ from tensorlights.errors import TensorLightsError, TransientError
 from tensorlights.model import Mode
 from tensorlights.rpc.operator_client import OperatorClient
 from tensorlights.testbed import netns
+from tensorlights.testbed.daemons import controller_command, controller_section
 from tensorlights.testbed.psjob import RunningJob, start_job, tf_job_id, tf_launcher_env
 from tensorlights.testbed.socket_holder import clean_env
 
@@ -136,15 +137,11 @@ def _start_controller(
     """The controller on the worker host (it could be anywhere the agents can reach)."""
     (workdir / "controller.toml").write_text("")
     pki = workdir / "pki"
-    command = [
-        sys.executable, "-m", "tensorlights.cli.controller", "run", "--config",
-        str(workdir / "controller.toml"), "--listen", f"{pair.b.ipv4}:{CONTROLLER_PORT}",
-        "--socket", str(workdir / "tlctl.sock"), "--state-dir", str(workdir / "ctl-state"),
-        "--tls-ca", str(pki / "ca.pem"), "--tls-cert", str(pki / "controller.pem"),
-        "--tls-key", str(pki / "controller.key"), "--slot", args.interval,
-        "--policy", "pack" if args.policy == "pack" else "rotate",
-        "--log-level", "error",
-    ]  # fmt: skip
+    command = controller_command(
+        workdir / "controller.toml", f"{pair.b.ipv4}:{CONTROLLER_PORT}", workdir / "tlctl.sock",
+        workdir / "ctl-state", pki, "--slot", args.interval,
+        "--policy", "pack" if args.policy == "pack" else "rotate", "--log-level", "error",
+    )  # fmt: skip
     controller = subprocess.Popen(pair.b.exec_args(*command), env=clean_env(), text=True)
     _wait(lambda: (workdir / "tlctl.sock").exists(), controller, "controller")
     return controller
@@ -156,9 +153,7 @@ def _start_agent(
     pki = workdir / "pki"
     # The emulated host has one tenant (root runs every job): believe the jobs' own variables.
     (workdir / "agent.toml").write_text(
-        'trust = "any"\n'
-        f'[controller]\naddress = "{pair.b.ipv4}:{CONTROLLER_PORT}"\nca = "{pki}/ca.pem"\n'
-        f'cert = "{pki}/{PS_HOST}.pem"\nkey = "{pki}/{PS_HOST}.key"\nhost = "{PS_HOST}"\n'
+        'trust = "any"\n' + controller_section(f"{pair.b.ipv4}:{CONTROLLER_PORT}", pki, PS_HOST)
     )
     command = [
         sys.executable, "-m", "tensorlights.cli.agent", "run", "--config",

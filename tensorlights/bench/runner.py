@@ -44,6 +44,7 @@ from tensorlights.errors import ConfigError, TransientError
 from tensorlights.model import Mode
 from tensorlights.testbed import netns
 from tensorlights.testbed.cluster import Cluster
+from tensorlights.testbed.daemons import controller_command, controller_section
 from tensorlights.testbed.netns import Host
 from tensorlights.testbed.psjob import RunningJob
 from tensorlights.testbed.socket_holder import clean_env
@@ -289,11 +290,7 @@ class ControllerOnHost:
 
     def agent_config(self, host: str) -> str:
         """The [controller] section of agent `host`'s config."""
-        pki = self.workdir / "pki"
-        return (
-            f'[controller]\naddress = "{self.address}"\nca = "{pki}/ca.pem"\n'
-            f'cert = "{pki}/{host}.pem"\nkey = "{pki}/{host}.key"\nhost = "{host}"\n'
-        )
+        return controller_section(self.address, self.workdir / "pki", host)
 
     def start(self) -> None:
         self.workdir.mkdir(parents=True, exist_ok=True)
@@ -301,14 +298,10 @@ class ControllerOnHost:
         make_pki(pki, [self.host.ipv4], list(self.agents))
         (self.workdir / "controller.toml").write_text("")
         sock = self.workdir / "tlctl.sock"
-        command = [
-            sys.executable, "-m", "tensorlights.cli.controller", "run", "--config",
-            str(self.workdir / "controller.toml"), "--listen", self.address,
-            "--socket", str(sock), "--state-dir", str(self.workdir / "state"),
-            "--tls-ca", str(pki / "ca.pem"), "--tls-cert", str(pki / "controller.pem"),
-            "--tls-key", str(pki / "controller.key"), "--slot", self.options.interval,
-            "--policy", self.policy, "--log-level", "warning",
-        ]  # fmt: skip
+        command = controller_command(
+            self.workdir / "controller.toml", self.address, sock, self.workdir / "state", pki,
+            "--slot", self.options.interval, "--policy", self.policy, "--log-level", "warning",
+        )  # fmt: skip
         log_path = self.workdir / "controller.log"
         with open(log_path, "ab") as log_file:
             self.proc = subprocess.Popen(

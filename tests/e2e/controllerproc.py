@@ -12,10 +12,10 @@ from pathlib import Path
 from typing import Any
 
 from tensorlights.testbed import netns
+from tensorlights.testbed.daemons import controller_command, controller_section
 from tensorlights.testbed.socket_holder import clean_env
 
 ROOT = Path(__file__).resolve().parents[2]
-CONTROLLER = [sys.executable, "-m", "tensorlights.cli.controller"]
 TLCTL = [sys.executable, "-m", "tensorlights.cli.tlctl"]
 
 
@@ -46,14 +46,7 @@ def agent_config(
 ) -> Path:
     """An agent config following the controller: `pki` has the host's cert, `ca` (default
     pki's) is the CA it trusts."""
-    path.write_text(
-        "[controller]\n"
-        f'address = "{address}"\n'
-        f'ca = "{ca or pki / "ca.pem"}"\n'
-        f'cert = "{pki / host}.pem"\n'
-        f'key = "{pki / host}.key"\n'
-        f'host = "{host}"\n' + extra
-    )
+    path.write_text(controller_section(address, pki, host, ca) + extra)
     return path
 
 
@@ -76,13 +69,10 @@ class ControllerProcess:
         self.socket = socket or workdir / "ctl.sock"
         self.log = open(workdir / "controller.log", "a")  # noqa: SIM115 - closed in stop()
         metrics = metrics or f"{listen.rpartition(':')[0]}:9741"
-        command = [
-            *CONTROLLER, "run", "--listen", listen, "--socket", str(self.socket),
-            "--metrics-address", metrics, "--state-dir", str(workdir / "state"),
-            "--tls-ca", str(pki / "ca.pem"), "--tls-cert", str(pki / "controller.pem"),
-            "--tls-key", str(pki / "controller.key"), "--config", str(workdir / "none.toml"),
-            *flags,
-        ]  # fmt: skip
+        command = controller_command(
+            workdir / "none.toml", listen, self.socket, workdir / "state", pki,
+            "--metrics-address", metrics, *flags,
+        )  # fmt: skip
         (workdir / "none.toml").write_text("")
         prefix = host.exec_args() if host is not None else []
         if max_open_files is not None:  # the descriptor limit of a small deployment
