@@ -33,7 +33,7 @@ from itertools import islice
 
 from tensorlights.discovery.sockdiag import SockDiag
 from tensorlights.errors import TensorLightsError
-from tensorlights.model import DiscoverySnapshot, TcpInfo
+from tensorlights.model import DiscoverySnapshot, JobKind, TcpInfo
 from tensorlights.policy.packing import JobLoad, Measured, job_load
 from tensorlights.telemetry.straggler import DEFAULT_MIN_PUSH_BYTES, Iteration, StragglerTracker
 
@@ -89,6 +89,9 @@ class TelemetrySampler:
         self.last_error = ""
         self._round = 0
         self._paths: dict[int | None, str] = {}
+        self._collective: frozenset[str] = frozenset()
+        """Jobs of ranks (a ring's steps): their bytes per iteration do not hold while they
+        wait (JobLoad.bytes_hold_waiting)."""
         self._known_jobs: set[str] = set()
         self._due: dict[str, float] = {}
         """When each job is to be sampled next."""
@@ -121,6 +124,8 @@ class TelemetrySampler:
         present = {job: {target.key for target in conns} for job, conns in by_job.items()}
         self._targets = (by_job, present)
         self._paths = namespaces
+        kinds = snapshot.job_kinds()
+        self._collective = frozenset(j for j, kind in kinds.items() if kind is JobKind.COLLECTIVE)
 
     def recent(self) -> dict[str, list[Iteration]]:
         with self._lock:
@@ -141,7 +146,11 @@ class TelemetrySampler:
                     load = job_load(measured, LOAD_ITERATIONS, count, False, link_rate_bps)
                     cached = self._loads[job] = (count, link_rate_bps, load)
                 if cached[2] is not None:
-                    loads[job] = replace(cached[2], busy=job in busy)
+                    loads[job] = replace(
+                        cached[2],
+                        busy=job in busy,
+                        bytes_hold_waiting=job not in self._collective,
+                    )
             return loads
 
     def started(self) -> frozenset[str]:

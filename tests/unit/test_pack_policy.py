@@ -17,6 +17,7 @@ from tensorlights.policy.packing import (
     StarvationGuard,
     fits_together,
     job_load,
+    ordering_demands,
     pack_order,
     unhindered,
     wire_bytes,
@@ -292,3 +293,17 @@ def test_a_waiting_job_of_the_same_size_is_ordered_only_once_measured_on_top() -
     # A smaller job (fewer bytes) waiting below is ordered by its demand right away.
     smaller = {**both, "d": load(0.1, 0.6, MEASURED_AFTER)}
     assert policy.evaluate(61.0, {"b", "c", "d"}, smaller).green == "d"
+
+
+def test_a_waiting_ring_job_with_fewer_bytes_is_not_taken_for_a_smaller_job() -> None:
+    # A waiting collective job's steps slide into the green job's gaps one by one: its
+    # "iterations" read fewer bytes than an all-reduce moves. Only a PS job's bytes are
+    # believed while it waits.
+    policy = _pack(max_slowdown=10.0)
+    policy.evaluate(0.0, {"a", "b"}, {})
+    ring = JobLoad(0.1, 0.6, MEASURED_AFTER, False, bytes_hold_waiting=False)
+    loads = {"a": load(0.2, 0.2, 10), "b": ring}
+    assert policy.evaluate(20.0, {"a", "b"}, loads).order == ("a", "b")
+    assert ordering_demands(loads, {}, "a") == {"a": loads["a"].demand}
+    ps = {"a": load(0.2, 0.2, 10), "b": load(0.1, 0.6, MEASURED_AFTER)}
+    assert set(ordering_demands(ps, {}, "a")) == {"a", "b"}
