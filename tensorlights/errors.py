@@ -47,11 +47,6 @@ class UnsupportedKernelError(PermanentError):
     """The running kernel lacks a feature the configuration asks for."""
 
 
-class ClassifierFullError(PermanentError):
-    """More ports of one address family on an interface than its u32 root table holds (4095):
-    the jobs that hold them cannot all be shaped; nothing is programmed for the pass."""
-
-
 class NetlinkRequestError(PermanentError):
     """The kernel refused a request; carries errno and what was being done."""
 

@@ -39,11 +39,16 @@ from tensorlights.policy.tc_plan import (
     JOB_TABLE_NODE,
     MAX_FILTER_NODE,
     ActualState,
+    AddHashLink,
+    AddPortTable,
     AddTable,
+    DeleteAllFilters,
     DeleteClass,
     DeleteFilter,
     DeleteLeaf,
     DesiredLayout,
+    Family,
+    HashLink,
     HtbTuning,
     JobTable,
     PortLink,
@@ -165,11 +170,17 @@ class HtbDatapath:
         links: list[PortLink] = []
         table_handles: dict[int, list[int]] = {}
         table_target: dict[int, int | None] = {}
+        port_tables: dict[Family, int] = {}
+        hash_links: dict[Family, HashLink] = {}
         request = struct.pack("=BxxxiIII", 0, ifindex, 0, our_qdisc, 0)
         for raw in self.sock.dump(RTM_GETTFILTER, request):
             entry = tcm.decode_filter(raw)
             if isinstance(entry, PortLink):
                 links.append(entry)
+            elif isinstance(entry, tcm.PortTableEntry):
+                port_tables[entry.family] = entry.buckets
+            elif isinstance(entry, HashLink):
+                hash_links[entry.family] = entry
             elif isinstance(entry, tcm.TableEntry):
                 handles = table_handles.setdefault(entry.htid, [])
                 if entry.handle & MAX_FILTER_NODE:
@@ -193,6 +204,8 @@ class HtbDatapath:
             links=tuple(links),
             tables=tables,
             leaves=leaves,
+            port_tables=port_tables,
+            hash_links=hash_links,
         )
 
     def _is_ours(self, kind: str | None, root_handle: int) -> bool:
@@ -323,8 +336,14 @@ class HtbDatapath:
                 return tcm.add_job_table(ifindex, self.major, htid)
             case PutTableTarget(htid, target, create):
                 return tcm.put_table_target(ifindex, self.major, htid, target, create)
+            case AddPortTable(family):
+                return tcm.add_port_table(ifindex, self.major, family)
             case PutLink(family, port, htid, handle_, create):
                 return tcm.put_port_link(ifindex, self.major, family, port, htid, handle_, create)
+            case AddHashLink(family):
+                return tcm.add_hash_link(ifindex, self.major, family)
+            case DeleteAllFilters(family):
+                return tcm.delete_all_filters(ifindex, self.major, family)
             case DeleteFilter(family, handle_):
                 return tcm.delete_filter(ifindex, self.major, family, handle_)
             case DeleteClass(minor):

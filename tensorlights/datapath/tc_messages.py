@@ -14,14 +14,19 @@ from typing import Any
 from tensorlights.datapath.netlink import Request
 from tensorlights.policy.tc_plan import (
     FILTER_PRIO,
+    HASH_LINK_NODE,
     JOB_TABLE_FAMILY,
     JOB_TABLE_NODE,
     MAX_FILTER_NODE,
+    PORT_BUCKETS,
+    PORT_TABLE,
     Family,
+    HashLink,
     HtbClass,
     LeafQdisc,
     PortLink,
     is_job_table,
+    u32_bucket,
     u32_htid,
     u32_table_handle,
 )
@@ -56,6 +61,10 @@ _TCP_MATCH: dict[Family, tuple[int, int, int]] = {
     Family.IPV6: (4, 0x0000FF00, IPPROTO_TCP << 8),
 }
 _SPORT_OFFSET: dict[Family, int] = {Family.IPV4: 20, Family.IPV6: 40}
+# The hash key of the port tables: the low byte of the source port, in the 32-bit word at
+# _SPORT_OFFSET (source port, destination port); the kernel shifts it down by the mask.
+_PORT_HASH_MASK = 0x00FF0000
+_TABLE_FAMILY = {htid: family for family, htid in PORT_TABLE.items()}
 
 
 def handle(major: int, minor: int) -> int:
@@ -163,16 +172,22 @@ def _filter_info(family: Family) -> int:
     return (FILTER_PRIO[family] << 16) | socket.htons(ETH_PROTO[family])
 
 
-def _selector(flags: int, keys: list[tuple[int, int, int]]) -> bytes:
-    sel = _U32_SEL.pack(flags, 0, len(keys), 0, 0, 0, 0, 0)
+def _selector(
+    flags: int, keys: list[tuple[int, int, int]], hash_at: int = 0, hash_mask: int = 0
+) -> bytes:
+    sel = _U32_SEL.pack(flags, 0, len(keys), 0, 0, 0, hash_at, socket.htonl(hash_mask))
     return sel + b"".join(
         _U32_KEY_MATCH.pack(mask, val) + _U32_KEY_OFFSETS.pack(off, 0) for mask, val, off in keys
     )
 
 
-def _sport_keys(family: Family, port: int) -> list[tuple[int, int, int]]:
+def _tcp_key(family: Family) -> tuple[int, int, int]:
     proto_off, proto_mask, proto_val = _TCP_MATCH[family]
-    return [(proto_mask, proto_val, proto_off), (0xFFFF0000, port << 16, _SPORT_OFFSET[family])]
+    return (proto_mask, proto_val, proto_off)
+
+
+def _sport_keys(family: Family, port: int) -> list[tuple[int, int, int]]:
+    return [_tcp_key(family), (0xFFFF0000, port << 16, _SPORT_OFFSET[family])]
 
 
 def _u32(
@@ -194,6 +209,36 @@ def add_job_table(ifindex: int, major: int, htid: int) -> Request:
     what = f"add u32 job table {htid:x}: on #{ifindex}"
     divisor = _nla(TCA_U32_DIVISOR, struct.pack("=I", 1))
     return _u32(ifindex, major, JOB_TABLE_FAMILY, u32_table_handle(htid), True, what, divisor)
+
+
+def add_port_table(ifindex: int, major: int, family: Family) -> Request:
+    htid = PORT_TABLE[family]
+    what = f"add u32 {family} port table {htid:x}: ({PORT_BUCKETS} buckets) on #{ifindex}"
+    divisor = _nla(TCA_U32_DIVISOR, struct.pack("=I", PORT_BUCKETS))
+    return _u32(ifindex, major, family, u32_table_handle(htid), True, what, divisor)
+
+
+def add_hash_link(ifindex: int, major: int, family: Family) -> Request:
+    """In the family's root table: TCP -> its port table, bucket = source port's low byte."""
+    table = u32_table_handle(PORT_TABLE[family])
+    what = f"add {family} TCP hash link -> port table {PORT_TABLE[family]:x}: on #{ifindex}"
+    selector = _selector(0, [_tcp_key(family)], _SPORT_OFFSET[family], _PORT_HASH_MASK)
+    return _u32(
+        ifindex,
+        major,
+        family,
+        HASH_LINK_NODE,
+        True,
+        what,
+        _nla(TCA_U32_LINK, struct.pack("=I", table)),
+        _nla(TCA_U32_SEL, selector),
+    )
+
+
+def delete_all_filters(ifindex: int, major: int, family: Family) -> Request:
+    payload = _tcmsg(ifindex, 0, handle(major, 0), _filter_info(family)) + _kind("u32")
+    what = f"delete every {family} u32 filter of {major:x}: on #{ifindex}"
+    return Request(RTM_DELTFILTER, 0, payload, what)
 
 
 def put_table_target(
@@ -218,9 +263,11 @@ def put_table_target(
 def put_port_link(
     ifindex: int, major: int, family: Family, port: int, htid: int, handle_: int, create: bool
 ) -> Request:
-    """(TCP, source port) in the family's root table -> the job's table."""
+    """(TCP, source port) at `handle_` (a bucket of the family's port table) -> the job's
+    table."""
     verb = "add" if create else "relink"
     what = f"{verb} {family} sport {port} -> job table {htid:x}: on #{ifindex}"
+    bucket = handle_ & ~MAX_FILTER_NODE
     return _u32(
         ifindex,
         major,
@@ -228,6 +275,7 @@ def put_port_link(
         handle_,
         create,
         what,
+        _nla(TCA_U32_HASH, struct.pack("=I", bucket)),
         _nla(TCA_U32_LINK, struct.pack("=I", u32_table_handle(htid))),
         _nla(TCA_U32_SEL, _selector(0, _sport_keys(family, port))),
     )
@@ -302,9 +350,18 @@ class TableEntry:
     target_minor: int | None
 
 
-def decode_filter(raw: bytes) -> PortLink | TableEntry | None:
-    """Classify one dumped filter of our qdisc: a port link in a root table, a job table or a
-    filter in one; None for anything not at our priorities. Parsed from the raw message:
+@dataclass(frozen=True)
+class PortTableEntry:
+    """A family's port table itself."""
+
+    family: Family
+    buckets: int
+
+
+def decode_filter(raw: bytes) -> PortLink | TableEntry | PortTableEntry | HashLink | None:
+    """Classify one dumped filter of our qdisc: a job table or a filter in one, a port table,
+    a port link (in a port table, or a previous version's in a root table), the hash link of
+    a root table; None for anything not at our priorities. Parsed from the raw message:
     pyroute2 0.9.7 decodes u32 keys four bytes off."""
     _, _, handle_, _, info = _TCMSG.unpack_from(raw, NLMSG_HEADER_SIZE)
     attrs = attributes(raw, NLMSG_HEADER_SIZE + _TCMSG.size)
@@ -319,12 +376,34 @@ def decode_filter(raw: bytes) -> PortLink | TableEntry | None:
         classid = options.get(TCA_U32_CLASSID)
         target = struct.unpack("=I", classid)[0] & 0xFFFF if classid else None
         return TableEntry(htid, handle_, target)
-    if handle_ & MAX_FILTER_NODE == 0:
-        return None  # a family's root table: the kernel's bookkeeping
     link = options.get(TCA_U32_LINK)
     linked = u32_htid(struct.unpack("=I", link)[0]) if link else None
-    port = _port_from_selector(family, options.get(TCA_U32_SEL))
-    return PortLink(family, handle_, port, linked)
+    port_table = _TABLE_FAMILY.get(htid)
+    if handle_ & MAX_FILTER_NODE == 0:
+        if port_table is None or u32_bucket(handle_):
+            return None  # a family's root table: the kernel's bookkeeping
+        divisor = options.get(TCA_U32_DIVISOR)
+        return PortTableEntry(port_table, struct.unpack("=I", divisor)[0] if divisor else 0)
+    selector = options.get(TCA_U32_SEL)
+    if port_table is None and handle_ & MAX_FILTER_NODE == HASH_LINK_NODE:
+        ours = linked == PORT_TABLE[family] and _is_hash_selector(family, selector)
+        return HashLink(family, handle_, ours)
+    return PortLink(family, handle_, _port_from_selector(family, selector), linked)
+
+
+def _is_hash_selector(family: Family, sel: bytes | None) -> bool:
+    """Whether the selector is exactly (TCP) hashed as add_hash_link installs it."""
+    if sel is None or len(sel) < _U32_SEL.size + 16:
+        return False
+    _, _, nkeys, _, _, _, hash_at, hash_mask = _U32_SEL.unpack_from(sel)
+    mask, val = _U32_KEY_MATCH.unpack_from(sel, _U32_SEL.size)
+    off, _ = _U32_KEY_OFFSETS.unpack_from(sel, _U32_SEL.size + 8)
+    return (
+        nkeys == 1
+        and (mask, val, off) == _tcp_key(family)
+        and hash_at == _SPORT_OFFSET[family]
+        and socket.ntohl(hash_mask) == _PORT_HASH_MASK
+    )
 
 
 def _port_from_selector(family: Family, sel: bytes | None) -> int | None:

@@ -12,8 +12,13 @@ Layout (HTB backend, one qdisc of ours at the root, handle MAJOR:):
         MAJOR+1+b: a pfifo leaf of waiting_queue_packets, for b >= 1 with short waiting
                    queues (spec.short_waiting_queues); else the kernel's default leaf
 
-    u32, root table of each family:  (TCP, source port) --link--> the job's own hash table
+    u32, root table of each family:  TCP --link, hashed on the source port's low byte-->
+    u32, the family's port table P (256 buckets):  (TCP, source port) --link--> job table J
     u32, job table J (one per job):  match all --> MAJOR:10+band(job)
+
+A u32 table holds at most 4095 filters, and the ports of collective jobs pass that (64 jobs of
+64 ranks' connections: 4096 per family); hashed, each bucket holds the ports ending in one
+byte, and a packet is checked against its bucket's ports only.
 
 A band's small rate and one-packet burst mean it almost never sends "under rate"; what it
 sends is borrowed from the root, and HTB lends in priority order: bands are strict priority.
@@ -27,10 +32,9 @@ from __future__ import annotations
 import zlib
 from collections import Counter
 from collections.abc import Iterable, Mapping
-from dataclasses import dataclass, field
+from dataclasses import dataclass, field, replace
 from enum import StrEnum
 
-from tensorlights.errors import ClassifierFullError
 from tensorlights.model import NUM_BANDS, DatapathSpec
 
 DEFAULT_MAJOR = 0x7A1
@@ -38,9 +42,15 @@ ROOT_MINOR = 0x1
 UNMANAGED_MINOR = 0x2
 FIRST_BAND_MINOR = 0x10
 FIRST_JOB_TABLE = 0x001
-LAST_JOB_TABLE = 0x7FF  # the kernel numbers its own u32 tables from 0x800 up
+LAST_JOB_TABLE = 0x7FD  # the kernel numbers its own u32 tables from 0x800 up
 MAX_FILTER_NODE = 0xFFF
 JOB_TABLE_NODE = 1  # the one filter inside a job's table
+PORT_BUCKETS = 256
+"""Buckets of each family's port table: hashed on the source port's low byte."""
+HASH_LINK_NODE = MAX_FILTER_NODE
+"""The filter in a family's root table that hashes TCP packets into its port table. The
+last node: a root table that still holds a previous version's port filters (nodes from 1)
+keeps them matching first while the hashed ones are put in, then loses them."""
 PSCHED_TICK_NS = 64  # the kernel's PSCHED_SHIFT = 6: HTB buffers travel in 64 ns ticks
 
 
@@ -53,6 +63,8 @@ FILTER_PRIO: Mapping[Family, int] = {Family.IPV4: 10, Family.IPV6: 11}
 """Our u32 filters live at these filter priorities (one per family) and nowhere else.
 Job tables are created under the IPv4 priority and linked to from both."""
 JOB_TABLE_FAMILY = Family.IPV4
+PORT_TABLE: Mapping[Family, int] = {Family.IPV4: 0x7FE, Family.IPV6: 0x7FF}
+"""Each family's port table (its u32 table id), created under the family's priority."""
 
 
 def band_minor(band: int) -> int:
@@ -65,6 +77,20 @@ def u32_table_handle(htid: int) -> int:
 
 def u32_htid(handle: int) -> int:
     return (handle >> 20) & 0xFFF
+
+
+def u32_bucket(handle: int) -> int:
+    return (handle >> 12) & 0xFF
+
+
+def port_bucket(port: int) -> int:
+    """The port table bucket of a source port (the kernel hashes its low byte)."""
+    return port & (PORT_BUCKETS - 1)
+
+
+def port_link_handle(family: Family, port: int, node: int) -> int:
+    """The handle of the filter for `port` at `node` of its bucket in the family's table."""
+    return u32_table_handle(PORT_TABLE[family]) | port_bucket(port) << 12 | node
 
 
 @dataclass(frozen=True)
@@ -120,12 +146,24 @@ class HtbClass:
 
 @dataclass(frozen=True)
 class PortLink:
-    """A u32 filter in a family's root table: (TCP, source port) -> a job table."""
+    """A u32 port filter: (TCP, source port) -> a job table. Ours sit in the port's bucket of
+    the family's port table (`port_link_handle`); one anywhere else is a previous version's,
+    in the root table."""
 
     family: Family
     handle: int
     port: int | None  # None: the filter does not have the shape we install
     htid: int | None  # job table it links to
+
+
+@dataclass(frozen=True)
+class HashLink:
+    """The filter at HASH_LINK_NODE of a family's root table, as the kernel reports it."""
+
+    family: Family
+    handle: int
+    ours: bool
+    """It hashes TCP packets on the source port's low byte into the family's port table."""
 
 
 @dataclass(frozen=True)
@@ -164,6 +202,9 @@ class ActualState:
     tables: Mapping[int, JobTable] = field(default_factory=dict)
     leaves: Mapping[int, LeafQdisc] = field(default_factory=dict)
     """Qdiscs attached to our band classes (the kernel's default ones are not reported)."""
+    port_tables: Mapping[Family, int] = field(default_factory=dict)
+    """Each family's port table that exists, with its number of buckets."""
+    hash_links: Mapping[Family, HashLink] = field(default_factory=dict)
 
 
 @dataclass(frozen=True)
@@ -203,12 +244,29 @@ class PutTableTarget:
 
 
 @dataclass(frozen=True)
+class AddPortTable:
+    family: Family
+
+
+@dataclass(frozen=True)
 class PutLink:
     family: Family
     port: int
     htid: int
-    handle: int  # full handle for a replace, node-only (htid 0) for a create
+    handle: int  # in the port's bucket of the family's port table (port_link_handle)
     create: bool
+
+
+@dataclass(frozen=True)
+class AddHashLink:
+    family: Family
+
+
+@dataclass(frozen=True)
+class DeleteAllFilters:
+    """Remove every u32 filter and table of the family's priority (the tc filter instance)."""
+
+    family: Family
 
 
 @dataclass(frozen=True)
@@ -243,7 +301,10 @@ TcOp = (
     PutClass
     | AddTable
     | PutTableTarget
+    | AddPortTable
     | PutLink
+    | AddHashLink
+    | DeleteAllFilters
     | DeleteFilter
     | DeleteClass
     | PutLeaf
@@ -361,8 +422,8 @@ def _our_class(minor: int) -> bool:
 def diff(actual: ActualState, desired: DesiredLayout) -> list[TcOp]:
     """Ordered operations that turn `actual` into `desired` without a moment in which a
     managed port's packets have nowhere to go: classes first (parents before children) and
-    their leaves, then job tables and their targets, then port links, then stale links and
-    tables."""
+    their leaves, then job tables and their targets, then port tables, port links and the
+    hash links into them, then stale links and tables."""
     ops: list[TcOp] = []
     for minor in sorted(desired.classes, key=lambda m: (desired.classes[m].parent_minor, m)):
         want = desired.classes[minor]
@@ -370,6 +431,13 @@ def diff(actual: ActualState, desired: DesiredLayout) -> list[TcOp]:
         if have != want:
             ops.append(PutClass(want, create=have is None))
     ops += _leaf_ops(actual, desired)
+
+    if any(buckets != PORT_BUCKETS for buckets in actual.port_tables.values()):
+        # A port table's id taken by another table (a previous version's job table): a table
+        # cannot go while links point at it, and the links are what is being rebuilt. Only
+        # removing every filter frees it; ports are unshaped until this pass ends.
+        ops += [DeleteAllFilters(family) for family in Family]
+        actual = replace(actual, links=(), tables={}, port_tables={}, hash_links={})
 
     for htid, target in sorted(desired.table_target.items()):
         table = actual.tables.get(htid)
@@ -384,34 +452,17 @@ def diff(actual: ActualState, desired: DesiredLayout) -> list[TcOp]:
         )
         if not has_node or table.target_minor != target:
             ops.append(PutTableTarget(htid, target, create=not has_node))
+    ops.extend(AddPortTable(family) for family in Family if family not in actual.port_tables)
 
-    wanted_links = dict(desired.links)
-    used_nodes: dict[Family, set[int]] = {family: set() for family in Family}
-    stale: list[PortLink] = []
-    for link in actual.links:
-        used_nodes[link.family].add(link.handle & MAX_FILTER_NODE)
-        key = (link.family, link.port) if link.port is not None else None
-        if key is None or key not in wanted_links:
-            stale.append(link)
-            continue
-        htid = wanted_links.pop(key)
-        if link.htid != htid:
-            ops.append(PutLink(key[0], key[1], htid, link.handle, create=False))
-    next_node = {family: 1 for family in Family}
-    for (family, port), htid in sorted(wanted_links.items()):
-        node = next_node[family]
-        while node in used_nodes[family]:
-            node += 1
-        if node > MAX_FILTER_NODE:
-            raise ClassifierFullError(
-                f"more than {MAX_FILTER_NODE} {family} ports of jobs on one interface; "
-                "the u32 root table is full (a collective job's rank holds one or more "
-                "connections per peer)"
-            )
-        used_nodes[family].add(node)
-        next_node[family] = node + 1
-        ops.append(PutLink(family, port, htid, node, create=True))
-    ops.extend(DeleteFilter(link.family, link.handle) for link in stale)
+    link_ops, kept = _link_ops(actual, desired)
+    ops += link_ops
+    for family in Family:
+        hash_link = actual.hash_links.get(family)
+        if hash_link is not None and not hash_link.ours:
+            ops.append(DeleteFilter(family, hash_link.handle))
+        if hash_link is None or not hash_link.ours:
+            ops.append(AddHashLink(family))
+    ops.extend(DeleteFilter(link.family, link.handle) for link in actual.links if link not in kept)
 
     for htid in sorted(actual.tables):
         if htid not in desired.table_target:
@@ -420,6 +471,49 @@ def diff(actual: ActualState, desired: DesiredLayout) -> list[TcOp]:
         if minor not in desired.classes and _our_class(minor) and minor != ROOT_MINOR:
             ops.append(DeleteClass(minor))
     return ops
+
+
+def _in_place(link: PortLink) -> bool:
+    """In its port's bucket of its family's port table (not a previous version's root link)."""
+    return (
+        link.port is not None
+        and u32_htid(link.handle) == PORT_TABLE[link.family]
+        and u32_bucket(link.handle) == port_bucket(link.port)
+    )
+
+
+def _link_ops(actual: ActualState, desired: DesiredLayout) -> tuple[list[TcOp], set[PortLink]]:
+    """Port links to re-point (their job's table changed) and to create, and the links kept:
+    the first one in place of each wanted port (any other is stale)."""
+    ops: list[TcOp] = []
+    kept: set[PortLink] = set()
+    wanted_links = dict(desired.links)
+    used_nodes: dict[tuple[Family, int], set[int]] = {}
+    for link in actual.links:
+        if not _in_place(link):
+            continue
+        assert link.port is not None
+        used_nodes.setdefault((link.family, port_bucket(link.port)), set()).add(
+            link.handle & MAX_FILTER_NODE
+        )
+        htid = wanted_links.pop((link.family, link.port), None)
+        if htid is None:
+            continue
+        kept.add(link)
+        if link.htid != htid:
+            ops.append(PutLink(link.family, link.port, htid, link.handle, create=False))
+    # A bucket holds the ports ending in its byte: at most 256, under a table's 4095 nodes.
+    next_node: dict[tuple[Family, int], int] = {}
+    for (family, port), htid in sorted(wanted_links.items()):
+        bucket = (family, port_bucket(port))
+        used = used_nodes.setdefault(bucket, set())
+        node = next_node.get(bucket, 1)
+        while node in used:
+            node += 1
+        used.add(node)
+        next_node[bucket] = node + 1
+        ops.append(PutLink(family, port, htid, port_link_handle(family, port, node), create=True))
+    return ops, kept
 
 
 def _leaf_ops(actual: ActualState, desired: DesiredLayout) -> list[TcOp]:

@@ -11,8 +11,8 @@ import pytest
 from tensorlights.datapath import open_datapath
 from tensorlights.datapath.htb import HtbDatapath
 from tensorlights.errors import ForeignQdiscError, InterfaceNotFoundError, UnsupportedKernelError
-from tensorlights.model import DatapathSpec, JobShaping
-from tensorlights.policy.tc_plan import FIRST_BAND_MINOR
+from tensorlights.model import NUM_BANDS, DatapathSpec, JobShaping
+from tensorlights.policy.tc_plan import FIRST_BAND_MINOR, UNMANAGED_MINOR
 from tensorlights.testbed import netns
 from tests.functional.tcutil import (
     htb_classes,
@@ -54,7 +54,7 @@ def test_apply_twice_changes_nothing_and_hand_deletions_are_repaired(
 
     ns = pair.a.ns
     table = first.job_table["job-b"]
-    delete_filter_by_hand(ns, "800::1")
+    delete_filter_by_hand(ns, "7fe:8a:1")  # job-b's port 5002 (0x138a) in its bucket
     delete_filter_by_hand(ns, f"{table:x}::1")
     netns.run(["tc", "-n", ns, "class", "del", "dev", "veth-a", "classid", "7a1:2"])
     netns.run(
@@ -343,3 +343,111 @@ def test_job_churn_leaves_no_tc_objects_behind(pair: netns.HostPair, datapath: H
     assert after.links == baseline.links
     assert after.classes.keys() == baseline.classes.keys()
     assert datapath.apply(empty).ops == ()
+
+
+def test_ports_sharing_a_hash_bucket_each_reach_their_own_jobs_band(
+    pair: netns.HostPair, datapath: HtbDatapath
+) -> None:
+    """64 jobs x 64 ports (4096 per family: one more than a u32 table's node ids, which the
+    root table held before ports were hashed) are programmed in one apply. Two ports ending
+    in the same byte (one bucket of the IPv4 port table) and one over IPv6 each carry a
+    stream, one at a time, into their own job's band and nowhere else."""
+    bands = {0: 0, 4: 3, 8: 5}  # job index -> band; the rest wait in the last band
+    spec = DatapathSpec(
+        "veth-a",
+        RATE,
+        tuple(
+            JobShaping(
+                f"job-{i}",
+                bands.get(i, NUM_BANDS - 1),
+                frozenset(range(10000 + 64 * i, 10064 + 64 * i)),
+            )
+            for i in range(64)
+        ),
+    )
+    result = datapath.apply(spec)
+    assert len(result.job_table) == 64
+    assert datapath.apply(spec).ops == ()
+    # 10001 and 10257 (job-0, job-4) end in the same byte; 10513 is job-8's.
+    streams = {
+        f"{pair.a.ipv4}:10001": 0,
+        f"{pair.a.ipv4}:10257": 3,
+        f"[{pair.a.ipv6}]:10513": 5,
+    }
+    server = start_server(pair, [10001, 10257, 10513])
+    try:
+        for target, band in streams.items():
+            before = datapath.class_counters("veth-a")
+            sink_result(start_sink([target], 1.0, 0.5, pair), timeout=15)
+            after = datapath.class_counters("veth-a")
+            sent = {
+                minor: after[minor][0] - before.get(minor, (0, 0, 0))[0]
+                for minor in [UNMANAGED_MINOR, *(FIRST_BAND_MINOR + b for b in range(NUM_BANDS))]
+            }
+            total = sum(sent.values())
+            assert total > RATE / 8 * 0.5, (target, sent)
+            assert sent[FIRST_BAND_MINOR + band] >= 0.99 * total, (target, sent)
+    finally:
+        server.kill()
+        server.wait()
+
+
+def tc_filter(ns: str, command: str) -> None:
+    netns.run(["tc", "-n", ns, "filter", *command.split()])
+
+
+def test_a_previous_versions_filters_are_migrated_in_one_apply(
+    pair: netns.HostPair, datapath: HtbDatapath
+) -> None:
+    """Built as the version before port tables did (each port's filter in the root table,
+    job tables among them one on 7fe:, the IPv4 port table's id): one apply converges, and
+    the port's stream lands in its band."""
+    ns = pair.a.ns
+    netns.run(
+        [
+            "tc",
+            "-n",
+            ns,
+            "qdisc",
+            "add",
+            "dev",
+            "veth-a",
+            "root",
+            "handle",
+            "7a1:",
+            "htb",
+            "default",
+            "2",
+        ]
+    )
+    tc_filter(ns, "add dev veth-a parent 7a1: prio 10 handle 7fe: protocol ip u32 divisor 1")
+    tc_filter(ns, "add dev veth-a parent 7a1: prio 10 handle 12: protocol ip u32 divisor 1")
+    for table, band in (("7fe", 1), ("12", 0)):
+        tc_filter(
+            ns,
+            f"add dev veth-a parent 7a1: prio 10 handle {table}::1 protocol ip u32 ht {table}: "
+            f"match u32 0 0 flowid 7a1:{0x10 + band:x}",
+        )
+    for node, (port, table) in enumerate(((5001, "12"), (5002, "7fe")), start=1):
+        for prio, proto, match in ((10, "ip", "ip"), (11, "ipv6", "ip6")):
+            tc_filter(
+                ns,
+                f"add dev veth-a parent 7a1: prio {prio} handle ::{node} protocol {proto} u32 "
+                f"match {match} protocol 6 0xff match {match} sport {port} 0xffff link {table}:",
+            )
+    result = datapath.apply(two_jobs("job-b"))
+    assert result.took_over is None
+    assert datapath.apply(two_jobs("job-b")).ops == ()
+    state = datapath.read_actual(datapath.link("veth-a").ifindex)
+    assert sorted((link.family, link.port) for link in state.links) == [
+        (family, port) for family in ("ipv4", "ipv6") for port in (5001, 5002)
+    ]
+    assert 0x7FE not in state.tables and set(state.port_tables.values()) == {256}
+    server = start_server(pair, [5002])
+    try:
+        before = datapath.class_counters("veth-a")[FIRST_BAND_MINOR]
+        sink_result(start_sink([f"{pair.a.ipv4}:5002"], 1.0, 0.5, pair), timeout=15)
+        assert datapath.class_counters("veth-a")[FIRST_BAND_MINOR][0] - before[0] > RATE / 16
+    finally:
+        server.kill()
+        server.wait()

@@ -2,24 +2,31 @@
 
 from __future__ import annotations
 
-import pytest
+from dataclasses import replace
+
 from hypothesis import given, settings
 from hypothesis import strategies as st
 
-from tensorlights.errors import ClassifierFullError
 from tensorlights.model import NUM_BANDS, DatapathSpec, JobShaping
 from tensorlights.policy.tc_plan import (
     FIRST_BAND_MINOR,
+    HASH_LINK_NODE,
     JOB_TABLE_NODE,
+    PORT_BUCKETS,
+    PORT_TABLE,
     ROOT_MINOR,
     UNMANAGED_MINOR,
     ActualState,
+    AddHashLink,
+    AddPortTable,
     AddTable,
+    DeleteAllFilters,
     DeleteClass,
     DeleteFilter,
     DeleteLeaf,
     DesiredLayout,
     Family,
+    HashLink,
     HtbTuning,
     JobTable,
     LeafQdisc,
@@ -33,8 +40,12 @@ from tensorlights.policy.tc_plan import (
     desired_layout,
     diff,
     leaf_handle,
+    port_bucket,
+    port_link_handle,
     retarget_tables,
     tables_in_use,
+    u32_bucket,
+    u32_htid,
     u32_table_handle,
 )
 
@@ -52,12 +63,17 @@ def spec_of(
     )
 
 
+ROOT_TABLE = {Family.IPV4: 0x800, Family.IPV6: 0x801}  # the kernel numbers the root tables
+
+
 def simulate(actual: ActualState, ops: list[TcOp], layout: DesiredLayout) -> ActualState:
     """Apply ops to an ActualState the way the kernel would (enough for the diff's needs)."""
     classes = dict(actual.classes)
-    links = {(link.family, link.handle & 0xFFF): link for link in actual.links}
+    links = {link.handle: link for link in actual.links}
     tables = {htid: t for htid, t in actual.tables.items()}
     leaves = dict(actual.leaves)
+    port_tables = dict(actual.port_tables)
+    hash_links = dict(actual.hash_links)
     for op in ops:
         match op:
             case PutLeaf(minor, handle, limit):
@@ -71,30 +87,55 @@ def simulate(actual: ActualState, ops: list[TcOp], layout: DesiredLayout) -> Act
             case DeleteClass(minor):
                 del classes[minor]
             case AddTable(htid):
-                assert htid not in tables
+                assert htid not in tables and htid not in PORT_TABLE.values()
                 tables[htid] = JobTable(htid, None, ())
             case PutTableTarget(htid, target, create):
                 handle = u32_table_handle(htid) | JOB_TABLE_NODE
                 assert (handle not in tables[htid].filter_handles) == create
                 tables[htid] = JobTable(htid, target, (handle,))
+            case AddPortTable(family):
+                assert family not in port_tables
+                port_tables[family] = PORT_BUCKETS
             case PutLink(family, port, htid, handle, create):
-                node = handle & 0xFFF
-                assert ((family, node) not in links) == create
-                links[(family, node)] = PortLink(family, 0x80000000 | node, port, htid)
+                assert u32_htid(handle) == PORT_TABLE[family] and family in port_tables
+                assert u32_bucket(handle) == port_bucket(port), "the kernel hashes it there"
+                assert (handle not in links) == create
+                links[handle] = PortLink(family, handle, port, htid)
+            case AddHashLink(family):
+                assert family in port_tables and family not in hash_links
+                handle = u32_table_handle(ROOT_TABLE[family]) | HASH_LINK_NODE
+                hash_links[family] = HashLink(family, handle, ours=True)
+            case DeleteAllFilters(family):
+                links = {h: link for h, link in links.items() if link.family != family}
+                hash_links.pop(family, None)
+                port_tables.pop(family, None)
+                if family is Family.IPV4:  # job tables live under the IPv4 priority
+                    tables.clear()
             case DeleteFilter(family, handle):
-                if handle & 0xFFF == 0:
-                    del tables[(handle >> 20) & 0xFFF]
-                elif (handle >> 20) & 0xFFF < 0x800:
-                    htid = (handle >> 20) & 0xFFF
+                htid = u32_htid(handle)
+                if handle in links:
+                    del links[handle]
+                elif family in hash_links and hash_links[family].handle == handle:
+                    del hash_links[family]
+                elif handle & 0xFFFFF == 0:
+                    assert not any(link.htid == htid for link in links.values()), "in use"
+                    del tables[htid]
+                else:
                     t = tables[htid]
                     rest = tuple(h for h in t.filter_handles if h != handle)
                     tables[htid] = JobTable(htid, t.target_minor, rest)
-                else:
-                    del links[(family, handle & 0xFFF)]
     for link in links.values():
         assert link.htid in tables, "a link must never point at a missing table"
     return ActualState(
-        "htb", 0x7A10000, layout.default_minor, classes, tuple(links.values()), tables, leaves
+        "htb",
+        0x7A10000,
+        layout.default_minor,
+        classes,
+        tuple(links.values()),
+        tables,
+        leaves,
+        port_tables,
+        hash_links,
     )
 
 
@@ -136,10 +177,7 @@ def test_leaves_go_when_not_wanted_but_only_ours() -> None:
     theirs = LeafQdisc(FIRST_BAND_MINOR + 2, "bfifo", 0x1230000, 9000)
     layout = desired_layout(spec_of({"a": (0, {5001})}), TUNING)
     state = simulate(empty(), diff(empty(), layout), layout)
-    state = ActualState(
-        state.root_kind, state.root_handle, state.default_minor, state.classes, state.links,
-        state.tables, {ours.minor: ours, theirs.minor: theirs},
-    )  # fmt: skip
+    state = replace(state, leaves={ours.minor: ours, theirs.minor: theirs})
     assert diff(state, layout) == [DeleteLeaf(ours.minor, ours.handle)]
     # Wanted, a leaf someone else put (or ours with another limit) is replaced.
     short = desired_layout(spec_of({"a": (0, {5001})}, short_queues=True), TUNING)
@@ -196,18 +234,49 @@ def test_duplicate_and_foreign_shaped_filters_are_removed() -> None:
     layout = desired_layout(spec_of({"a": (0, {5001})}), TUNING)
     state = simulate(empty(), diff(empty(), layout), layout)
     htid = layout.job_table["a"]
-    dup = PortLink(Family.IPV4, 0x80000000 | 0x50, 5001, htid)
-    odd = PortLink(Family.IPV4, 0x80000000 | 0x51, None, None)
-    noisy = ActualState(
-        state.root_kind,
-        state.root_handle,
-        state.default_minor,
-        state.classes,
-        (*state.links, dup, odd),
-        state.tables,
-    )
+    dup = PortLink(Family.IPV4, port_link_handle(Family.IPV4, 5001, 0x50), 5001, htid)
+    odd = PortLink(Family.IPV4, port_link_handle(Family.IPV4, 5001, 0x51), None, None)
+    noisy = replace(state, links=(*state.links, dup, odd))
     ops = diff(noisy, layout)
     assert ops == [DeleteFilter(Family.IPV4, dup.handle), DeleteFilter(Family.IPV4, odd.handle)]
+
+
+def test_a_previous_versions_root_table_links_give_way_to_the_hashed_ones() -> None:
+    # Before port tables, each port's filter sat in the family's root table (nodes from 1):
+    # the hashed links go in first, the old ones go last.
+    spec = spec_of({"a": (0, {5001, 5002}), "b": (1, {6001})})
+    layout = desired_layout(spec, TUNING)
+    state = simulate(empty(), diff(empty(), layout), layout)
+    old = tuple(
+        PortLink(family, u32_table_handle(ROOT_TABLE[family]) | node, port, htid)
+        for node, ((family, port), htid) in enumerate(sorted(layout.links.items()), start=1)
+    )
+    before = replace(state, links=old, port_tables={}, hash_links={})
+    ops = diff(before, layout)
+    first_delete = min(i for i, op in enumerate(ops) if isinstance(op, DeleteFilter))
+    assert all(not isinstance(op, DeleteFilter) for op in ops[:first_delete])
+    assert sum(isinstance(op, PutLink) for op in ops[:first_delete]) == len(old)
+    assert sum(isinstance(op, AddHashLink) for op in ops[:first_delete]) == 2
+    after = simulate(before, ops, layout)
+    assert diff(after, layout) == []
+    assert {link.handle for link in after.links}.isdisjoint(link.handle for link in old)
+
+
+def test_a_port_table_id_held_by_an_old_job_table_is_freed_by_removing_every_filter() -> None:
+    layout = desired_layout(spec_of({"a": (0, {5001})}), TUNING)
+    state = simulate(empty(), diff(empty(), layout), layout)
+    clash = replace(state, port_tables={**state.port_tables, Family.IPV4: 1})
+    ops = diff(clash, layout)
+    assert ops[:2] == [DeleteAllFilters(Family.IPV4), DeleteAllFilters(Family.IPV6)]
+    assert diff(simulate(clash, ops, layout), layout) == []
+
+
+def test_a_hash_link_of_another_shape_is_replaced() -> None:
+    layout = desired_layout(spec_of({"a": (0, {5001})}), TUNING)
+    state = simulate(empty(), diff(empty(), layout), layout)
+    foreign = HashLink(Family.IPV6, state.hash_links[Family.IPV6].handle, ours=False)
+    ops = diff(replace(state, hash_links={**state.hash_links, Family.IPV6: foreign}), layout)
+    assert ops == [DeleteFilter(Family.IPV6, foreign.handle), AddHashLink(Family.IPV6)]
 
 
 def test_job_leaving_deletes_links_before_its_table() -> None:
@@ -217,7 +286,9 @@ def test_job_leaving_deletes_links_before_its_table() -> None:
     ops = diff(state, layout2)
     table_delete = ops.index(DeleteFilter(Family.IPV4, u32_table_handle(layout1.job_table["b"])))
     link_deletes = [
-        i for i, op in enumerate(ops) if isinstance(op, DeleteFilter) and op.handle >= 0x80000000
+        i
+        for i, op in enumerate(ops)
+        if isinstance(op, DeleteFilter) and u32_htid(op.handle) in PORT_TABLE.values()
     ]
     assert len(link_deletes) == 2 and max(link_deletes) < table_delete
     assert diff(simulate(state, ops, layout2), layout2) == []
@@ -278,14 +349,16 @@ def test_diff_converges_from_any_state_in_one_pass(
         assert diff(fast_state, planned[0]) == []
 
 
-def test_more_ports_than_the_u32_root_table_holds_is_a_clear_permanent_error() -> None:
-    # 64 collective jobs x 63 ports fit (4032); 64 x 64 (4096) pass the 4095 node ids.
-    fits = {
-        f"j{i}": (min(i, NUM_BANDS - 1), set(range(10000 + 64 * i, 10063 + 64 * i)))
+def test_64_collective_jobs_of_64_ports_fit_in_the_hashed_port_tables() -> None:
+    # 4096 ports per family: one more than a u32 table's node ids, which the root table held
+    # before ports were hashed into 256 buckets.
+    jobs = {
+        f"j{i}": (min(i, NUM_BANDS - 1), set(range(10000 + 64 * i, 10064 + 64 * i)))
         for i in range(64)
     }
-    ops = diff(empty(), desired_layout(spec_of(fits), TUNING))
-    assert len([op for op in ops if isinstance(op, PutLink)]) == 2 * 64 * 63  # IPv4, IPv6
-    full = {job: (band, ports | {20000 + i}) for i, (job, (band, ports)) in enumerate(fits.items())}
-    with pytest.raises(ClassifierFullError, match="u32 root table is full"):
-        diff(empty(), desired_layout(spec_of(full), TUNING))
+    layout = desired_layout(spec_of(jobs), TUNING)
+    ops = diff(empty(), layout)
+    puts = [op for op in ops if isinstance(op, PutLink)]
+    assert len(puts) == 2 * 64 * 64  # IPv4, IPv6
+    assert max(op.handle & 0xFFF for op in puts) == 4096 // PORT_BUCKETS
+    assert diff(simulate(empty(), ops, layout), layout) == []
