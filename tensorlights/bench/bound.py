@@ -3,12 +3,13 @@
 Two things no policy can beat:
   1. a job finishes no sooner than it would alone: C_i >= a_i + T_i, with a_i its arrival and
      T_i its measured standalone JCT;
-  2. the link carries one byte at a time: whatever set S of jobs is finished by time t, all
-     their pushes went over the link, so t >= M(S), the earliest time a single link of rate R,
-     serving pushes no sooner than their job's arrival, can send all of S's bytes:
-     M(S) = the end of "sort S by arrival; t = max(t, a_j) + p_j", with p_j = W_j / R and W_j
-     job j's wire bytes (payload x (MSS + headers) / MSS: 1514 bytes on the wire per 1448 of
-     payload with TCP timestamps on a 1500-byte MTU Ethernet link).
+  2. a link carries one byte at a time: whatever set S of jobs is finished by time t, all
+     their pushes went over their links, so t >= M_h(S) for every link h, the earliest time
+     link h of rate R, serving pushes no sooner than their job's arrival, can send all of
+     S's bytes over it: M_h(S) = the end of "sort S by arrival; t = max(t, a_j) + p_hj", with
+     p_hj = W_hj / R and W_hj job j's wire bytes on link h (payload x (MSS + headers) / MSS:
+     1514 bytes on the wire per 1448 of payload with TCP timestamps on a 1500-byte MTU
+     Ethernet link); M(S) = the largest over the links.
 
 In any schedule, order the jobs by completion: the k-th to finish, sigma_k, ends at
 C >= max(a_sigma_k + T_sigma_k, M({sigma_1 .. sigma_k})). So
@@ -48,11 +49,16 @@ def link_makespan(
 
 
 def lower_bound_avg_jct(
-    alone_s: Mapping[str, float], link_s: Mapping[str, float], arrival: Mapping[str, float]
+    alone_s: Mapping[str, float],
+    link_s: Mapping[str, Mapping[str, float]],
+    arrival: Mapping[str, float],
 ) -> float:
-    """LB on the average JCT (module docstring). Keys: the jobs; all three maps must agree."""
+    """LB on the average JCT (module docstring). `link_s`: per link, each job's link time on
+    it (a job absent from a link sends nothing over it). Jobs: the keys of `alone_s`, which
+    `arrival` and the links must name, no other."""
     jobs = sorted(alone_s)
-    if set(jobs) != set(link_s) or set(jobs) != set(arrival):
+    on_links = {job for times in link_s.values() for job in times}
+    if on_links != set(jobs) or set(jobs) != set(arrival):
         raise ConfigError("alone, link and arrival times must name the same jobs")
     if not jobs:
         raise ConfigError("no jobs")
@@ -63,7 +69,11 @@ def lower_bound_avg_jct(
         total = 0.0
         for k, job in enumerate(order):
             done = max(
-                arrival[job] + alone_s[job], link_makespan(list(order[: k + 1]), arrival, link_s)
+                arrival[job] + alone_s[job],
+                *(
+                    link_makespan([j for j in order[: k + 1] if j in times], arrival, times)
+                    for times in link_s.values()
+                ),
             )
             total += done - arrival[job]
             if total >= best:

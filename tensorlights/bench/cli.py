@@ -244,7 +244,7 @@ def _write_report(out: Path, chosen: list[Scenario], no_plots: bool) -> None:
         if all(profile_key(j) in alone for j in s.jobs)
     ]
     try:
-        plots = {} if no_plots else report.plot(summaries, out)
+        plots = {} if no_plots else report.plot(summaries, out, trials)
     except ConfigError as exc:
         raise click.ClickException(str(exc)) from None
     (out / "report.md").write_text(report.markdown(summaries, meta, plots))

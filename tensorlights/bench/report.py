@@ -7,7 +7,7 @@ from pathlib import Path
 from typing import Any
 
 from tensorlights.bench import bound
-from tensorlights.bench.results import PolicySummary, ScenarioSummary
+from tensorlights.bench.results import PolicySummary, ScenarioSummary, Trial
 from tensorlights.bench.scenarios import StaticOrder
 from tensorlights.errors import ConfigError
 
@@ -87,7 +87,9 @@ def _order_names(policy: str, summary: ScenarioSummary) -> str:
     return order.names([j.name for j in summary.scenario.jobs]) if order else policy
 
 
-def scenario_section(summary: ScenarioSummary, plot: str | None) -> list[str]:
+def scenario_section(
+    summary: ScenarioSummary, plot: str | None, timeline: str | None = None
+) -> list[str]:
     s = summary.scenario
     jobs = ", ".join(
         f"{j.name} ({j.workload}, {j.model_bytes / 1e6:g} MB x {j.workers} workers, "
@@ -120,6 +122,25 @@ def scenario_section(summary: ScenarioSummary, plot: str | None) -> list[str]:
             f"| {p.spread_median_s * 1e3:.0f} / {p.spread_p90_s * 1e3:.0f} "
             f"| {p.utilisation:.0%} | {moves} | {p.reps} |"
         )
+    sharded = [p for p in summary.policies if p.shard_spread_median_s is not None]
+    if sharded:
+        lines += [
+            "",
+            "Sharded jobs: how long a worker waited from its first shard to its last (the "
+            "slowest PS host holds it back), and the share of their time during which they "
+            "were green on some but not all of their PS hosts (from each host's light: the "
+            "agents' applied rotations, the prototype's rebuilds):",
+            "",
+            "| policy | wait for the last shard, median / p90 ms | green on some PS hosts only |",
+            "|---|---:|---:|",
+        ]
+        for p in sharded:
+            assert p.shard_spread_median_s is not None and p.shard_spread_p90_s is not None
+            split = "—" if p.split_green is None else f"{p.split_green:.0%}"
+            lines.append(
+                f"| {label(p.policy)} | {p.shard_spread_median_s * 1e3:.0f} / "
+                f"{p.shard_spread_p90_s * 1e3:.0f} | {split} |"
+            )
     best = summary.best_order
     if best is not None:
         lines += [
@@ -146,6 +167,8 @@ def scenario_section(summary: ScenarioSummary, plot: str | None) -> list[str]:
         lines += ["", f"Average JCT against the best order: {versus}."]
     if plot:
         lines += ["", f"![({s.key}) {s.title}]({plot})"]
+    if timeline:
+        lines += ["", f"Who is green on which host (first repetition): ![timeline]({timeline})"]
     return [*lines, ""]
 
 
@@ -156,7 +179,8 @@ def markdown(
         "# TensorLights benchmark",
         "",
         f"Emulated cluster (network namespaces): one PS host whose {meta['rate']} egress is "
-        "the bottleneck, two worker hosts. PS jobs found by discovery alone: synthetic ones "
+        "the bottleneck, two worker hosts (in the m scenarios two or three PS hosts, each "
+        "shaped, a policy on each). PS jobs found by discovery alone: synthetic ones "
         "(tensorlights.testbed.psjob, TF_CONFIG) and, in the r scenarios, real frameworks' "
         "(testbed/workloads.py: PyTorch gloo and RPC with torchrun's variables, TensorFlow "
         f"with TF_CONFIG). {meta['reps']} repetition(s), medians reported. "
@@ -191,7 +215,9 @@ def markdown(
         f"FIFO link) and link time p_i = payload x {bound.MSS + bound.HEADER_BYTES}/{bound.MSS}"
         " x 8 / rate (wire bytes with Ethernet, IP, TCP and timestamp headers at 1448-byte "
         "segments). M(S) = the earliest time one link can send all pushes of the jobs in S, "
-        "none before its job arrives (sort S by arrival; t = max(t, a_j) + p_j). The k-th job "
+        "none before its job arrives (sort S by arrival; t = max(t, a_j) + p_j); with several "
+        "shaped links, the largest over them of each link's M of the pushes it carries (a "
+        "sharded job's shard on each of its PS hosts). The k-th job "
         "to finish, in any schedule, ends no sooner than max(a + T of itself, M(first k "
         "jobs)); the bound is the minimum over completion orders of the average of "
         "those, minus arrivals. No policy beats it; compute overlapping other jobs' pushes "
@@ -201,7 +227,8 @@ def markdown(
         "",
     ]
     for summary in summaries:
-        lines += scenario_section(summary, plots.get(summary.scenario.key))
+        key = summary.scenario.key
+        lines += scenario_section(summary, plots.get(key), plots.get(f"{key}{TIMELINE}"))
     lines += [
         "Rerun: `scripts/benchmark.sh` (see `python -m tensorlights.bench run --help`); "
         "`python -m tensorlights.bench report DIR` rebuilds this report from DIR/trials.jsonl.",
@@ -210,8 +237,14 @@ def markdown(
     return "\n".join(lines)
 
 
-def plot(summaries: Sequence[ScenarioSummary], out: Path) -> dict[str, str]:
-    """PNG plots next to the report; returns their names relative to it."""
+TIMELINE = "-timeline"
+
+
+def plot(
+    summaries: Sequence[ScenarioSummary], out: Path, trials: Sequence[Trial] = ()
+) -> dict[str, str]:
+    """PNG plots next to the report; returns their names relative to it (a scenario's key,
+    and for scenarios with several lit hosts its key + TIMELINE: who was green where)."""
     try:
         import matplotlib
 
@@ -278,4 +311,46 @@ def plot(summaries: Sequence[ScenarioSummary], out: Path) -> dict[str, str]:
         fig.savefig(out / name, dpi=110)
         plt.close(fig)
         names[summary.scenario.key] = name
+        timeline = _timeline(plt, summary, trials, out)
+        if timeline:
+            names[summary.scenario.key + TIMELINE] = timeline
     return names
+
+
+def _timeline(plt: Any, summary: ScenarioSummary, trials: Sequence[Trial], out: Path) -> str:
+    """Per policy with a light on several hosts (its first repetition): each host's green job
+    over time, one colour per job, each job's lifetime drawn below. '' if none has one."""
+    key = summary.scenario.key
+    runs = [
+        next(t for t in trials if t.scenario == key and t.policy == p.policy and t.rep == rep)
+        for p in summary.policies
+        if (rep := min((t.rep for t in trials if t.scenario == key and t.policy == p.policy
+                        and t.host_greens), default=None)) is not None
+    ]  # fmt: skip
+    if not runs:
+        return ""
+    jobs = [j.name for j in summary.scenario.jobs]
+    colours = {job: plt.get_cmap("tab10")(i % 10) for i, job in enumerate(jobs)}
+    fig, axes = plt.subplots(len(runs), 1, figsize=(11, 1.0 + 1.2 * len(runs)), squeeze=False)
+    for ax, trial in zip(axes[:, 0], runs, strict=True):
+        end = max(run.arrival_s + run.jct_s for run in trial.jobs)
+        hosts = sorted(trial.host_greens)
+        for row, host in enumerate(hosts):
+            moves = sorted(trial.host_greens[host])
+            for (at, job), (until, _) in zip(moves, [*moves[1:], (end, "")], strict=True):
+                ax.barh(row, until - at, left=at, color=colours.get(job, "grey"), height=0.8)
+        for k, run in enumerate(trial.jobs):
+            y = len(hosts) + 0.2 + 0.3 * k
+            ax.plot([run.arrival_s, run.arrival_s + run.jct_s], [y, y], color=colours[run.name],
+                    linewidth=3)  # fmt: skip
+        ax.set_yticks(range(len(hosts)), hosts)
+        ax.set_xlim(0, end)
+        ax.set_title(f"{label(trial.policy)} (lines above: each job's run)", fontsize=8)
+    axes[-1, 0].set_xlabel("seconds; bars: the job green on each host")
+    handles = [plt.Rectangle((0, 0), 1, 1, color=colours[job]) for job in jobs]
+    fig.legend(handles, jobs, loc="upper right", fontsize=7)
+    fig.tight_layout()
+    name = f"timeline_{key}.png"
+    fig.savefig(out / name, dpi=110)
+    plt.close(fig)
+    return name

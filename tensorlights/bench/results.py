@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import itertools
 import statistics
 from collections.abc import Iterable, Mapping, Sequence
 from dataclasses import asdict, dataclass, field
@@ -20,6 +21,9 @@ class JobRun:
     """From its PS listening to the end of its last iteration."""
     spreads_s: tuple[float, ...]
     """Per iteration: last worker to have the whole model minus the first (workers' logs)."""
+    shard_spreads_s: tuple[float, ...] = ()
+    """A sharded job's, per iteration: the longest any worker waited from its first shard's
+    arrival to its last (the worker waits for the slowest PS host)."""
 
 
 @dataclass(frozen=True)
@@ -39,7 +43,12 @@ class Trial:
     """For standalone runs: the job profile measured."""
     greens: tuple[tuple[float, str], ...] = ()
     """Every move of the green light (seconds after the run started, the job now green),
-    for the policies that have one; the first is the light's first job."""
+    for the policies that have one; the first is the light's first job. With several shaped
+    hosts: the first host's."""
+    host_greens: Mapping[str, tuple[tuple[float, str], ...]] = field(default_factory=dict)
+    """With several shaped hosts: `greens` of each."""
+    links: int = 1
+    """Links whose bytes `link_bytes` counts (the PS hosts')."""
 
     @property
     def light_moves(self) -> int:
@@ -47,7 +56,8 @@ class Trial:
 
     @property
     def utilisation(self) -> float:
-        return self.link_bytes * 8 / (self.rate_bps * self.busy_s) if self.busy_s > 0 else 0.0
+        capacity = self.rate_bps * self.busy_s * self.links
+        return self.link_bytes * 8 / capacity if capacity > 0 else 0.0
 
     def to_dict(self) -> dict[str, Any]:
         return asdict(self)
@@ -55,16 +65,27 @@ class Trial:
     @classmethod
     def from_dict(cls, data: Mapping[str, Any]) -> Trial:
         jobs = tuple(
-            JobRun(j["name"], j["arrival_s"], j["jct_s"], tuple(j["spreads_s"]))
+            JobRun(
+                j["name"], j["arrival_s"], j["jct_s"], tuple(j["spreads_s"]),
+                tuple(j.get("shard_spreads_s", ())),
+            )
             for j in data["jobs"]
-        )
-        greens = tuple((float(at), str(job)) for at, job in data.get("greens", ()))
-        return cls(**{**data, "jobs": jobs, "greens": greens})
+        )  # fmt: skip
+
+        def moves(raw: Iterable[Sequence[Any]]) -> tuple[tuple[float, str], ...]:
+            return tuple((float(at), str(job)) for at, job in raw)
+
+        host_greens = {host: moves(raw) for host, raw in data.get("host_greens", {}).items()}
+        return cls(
+            **{**data, "jobs": jobs, "greens": moves(data.get("greens", ())),
+               "host_greens": host_greens},
+        )  # fmt: skip
 
 
 def profile_key(job: JobSpec) -> str:
-    workload, model, workers, compute, iterations = job.profile
+    workload, model, workers, compute, iterations, shards = job.profile
     key = f"{model}B-{workers}w-{compute}s-{iterations}it"
+    key += f"-{shards}ps" if shards > 1 else ""
     return key if workload == "synthetic" else f"{workload}-{key}"  # synthetic: the old keys
 
 
@@ -99,6 +120,14 @@ class PolicySummary:
     light_moves: float | None = None
     """Median over repetitions of the green light's moves; None for policies without one
     (or runs recorded before moves were)."""
+    shard_spread_median_s: float | None = None
+    """Sharded jobs': median over every iteration of how long a worker waited from its first
+    shard to its last (None without sharded jobs)..."""
+    shard_spread_p90_s: float | None = None
+    split_green: float | None = None
+    """...and the median over repetitions of the share of the sharded jobs' time during
+    which they were green on some but not all of their PS hosts (None without per-host
+    lights: FIFO, fair)."""
 
 
 @dataclass(frozen=True)
@@ -132,9 +161,13 @@ def summarize(
     """The policies of `policy_order` that ran, in that order; every static order that ran
     (StaticOrder) apart, in `orders`."""
     alone = {job.name: alone_by_profile[profile_key(job)] for job in scenario.jobs}
+    by_host: dict[str, dict[str, float]] = {}
+    for job in scenario.jobs:
+        for host, payload in job.pushed_bytes_on().items():
+            by_host.setdefault(host, {})[job.name] = link_seconds(payload, rate_bps)
     link = {job.name: link_seconds(job.pushed_bytes, rate_bps) for job in scenario.jobs}
     arrival = {job.name: job.start_s for job in scenario.jobs}
-    bound = lower_bound_avg_jct(alone, link, arrival)
+    bound = lower_bound_avg_jct(alone, by_host, arrival)
     summary = ScenarioSummary(scenario, bound, alone, link)
     mine = [t for t in trials if t.scenario == scenario.key and not t.profile]
     for policy in policy_order:
@@ -162,6 +195,8 @@ def _policy_summary(
     }
     slowdown = {name: per_job[name] / alone[name] for name in per_job}
     spreads = [s for t in runs for j in t.jobs for s in j.spreads_s]
+    shard_spreads = [s for t in runs for j in t.jobs for s in j.shard_spreads_s]
+    splits = [split_green_share(t, scenario) for t in runs]
     avg = statistics.median(averages)
     return PolicySummary(
         policy=policy,
@@ -177,4 +212,43 @@ def _policy_summary(
         light_moves=(
             statistics.median(t.light_moves for t in runs) if all(t.greens for t in runs) else None
         ),
+        shard_spread_median_s=statistics.median(shard_spreads) if shard_spreads else None,
+        shard_spread_p90_s=_percentile(shard_spreads, 0.9) if shard_spreads else None,
+        split_green=(
+            statistics.median(v for v in splits if v is not None)
+            if splits and all(v is not None for v in splits)
+            else None
+        ),
     )
+
+
+def _green_at(moves: Sequence[tuple[float, str]], at: float) -> str | None:
+    """Who was green at `at` on a host whose light moved as `moves` (sorted) says."""
+    green = None
+    for moved_at, job in moves:
+        if moved_at > at:
+            break
+        green = job
+    return green
+
+
+def split_green_share(trial: Trial, scenario: Scenario) -> float | None:
+    """The share of its sharded jobs' lifetimes during which each was green on some but not
+    all of its PS hosts; None where a host of one has no light (or no job is sharded)."""
+    sharded = {job.name: job.ps_hosts for job in scenario.jobs if job.shards > 1}
+    split = total = 0.0
+    for run in trial.jobs:
+        hosts = sharded.get(run.name)
+        if hosts is None:
+            continue
+        if not all(trial.host_greens.get(host) for host in hosts):
+            return None
+        moves = {host: sorted(trial.host_greens[host]) for host in hosts}
+        start, end = run.arrival_s, run.arrival_s + run.jct_s
+        edges = sorted({start, end, *(t for m in moves.values() for t, _ in m if start < t < end)})
+        for left, right in itertools.pairwise(edges):
+            green_on = sum(_green_at(moves[host], left) == run.name for host in hosts)
+            if 0 < green_on < len(hosts):
+                split += right - left
+        total += end - start
+    return split / total if total > 0 else None

@@ -21,7 +21,7 @@ import subprocess
 import sys
 import threading
 import time
-from collections.abc import Callable, Sequence
+from collections.abc import Callable, Mapping, Sequence
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Protocol
@@ -33,6 +33,7 @@ from tensorlights.bench.scenarios import (
     CONTROLLER_HOST,
     LEGACY,
     PS_HOST,
+    PS_HOSTS,
     RANK_HOSTS,
     WORKER_HOSTS,
     JobSpec,
@@ -52,12 +53,19 @@ from tensorlights.testbed.workloads import JobShape, Workload, start_workload
 
 log = logging.getLogger(__name__)
 
-HOSTS = (*RANK_HOSTS, CONTROLLER_HOST)
+HOSTS = (*RANK_HOSTS, *PS_HOSTS[1:], CONTROLLER_HOST)
 CONTROLLER_PORT = 9740
 IFNAME = "eth0"
 POLL_S = 0.05
 STATUS_EVERY_S = 0.5
 """How often the agent's status is read for its moves of the light (it keeps its last 20)."""
+LEGACY_PHASE_S = 5.0
+"""The prototype on several PS hosts: each host's loop starts this long after the previous
+host's, as its launcher starts them one host after the other, so their 20 s rotations are
+not aligned."""
+
+Greens = list[tuple[float, int]]
+"""(Unix time, job index) of every move of a green light."""
 
 
 @dataclass(frozen=True)
@@ -73,11 +81,12 @@ class RunOptions:
 
 
 class Driver(Protocol):
-    """What controls the PS host's egress during a run."""
+    """What controls the shaped hosts' egress during a run."""
 
     def start(self) -> None: ...
-    def job_started(self, index: int, port: int, job: str) -> None:
-        """Job `index` (discovery's id `job`) started; its PS listens on `port`."""
+    def job_started(self, index: int, ports: Mapping[str, int], job: str) -> None:
+        """Job `index` (discovery's id `job`) started; its PS (each shard) listens on
+        `ports[host]` on each of its PS hosts."""
         ...
 
     def tick(self, now: float) -> None: ...
@@ -85,8 +94,12 @@ class Driver(Protocol):
         """Tear down; returns the qdisc rebuilds done (0 where that does not apply)."""
         ...
 
-    def greens(self) -> list[tuple[float, int]]:
-        """(Unix time, job index) of every move of the green light seen; none without one."""
+    def greens(self) -> Greens:
+        """Every move of the green light seen (on the first shaped host); none without one."""
+        ...
+
+    def host_greens(self) -> dict[str, Greens]:
+        """Every move of the green light seen on each shaped host that has one."""
         ...
 
 
@@ -99,7 +112,7 @@ class FifoLink:
     def start(self) -> None:
         netns.fifo_bottleneck(self.ns, IFNAME, f"{self.rate_bps}bit")
 
-    def job_started(self, index: int, port: int, job: str) -> None:
+    def job_started(self, index: int, ports: Mapping[str, int], job: str) -> None:
         pass
 
     def tick(self, now: float) -> None:
@@ -109,8 +122,11 @@ class FifoLink:
         netns.run(["tc", "-n", self.ns, "qdisc", "del", "dev", IFNAME, "root"], check=False)
         return 0
 
-    def greens(self) -> list[tuple[float, int]]:
+    def greens(self) -> Greens:
         return []
+
+    def host_greens(self) -> dict[str, Greens]:
+        return {}
 
 
 class EveryHost:
@@ -124,9 +140,9 @@ class EveryHost:
         for driver in self.drivers:
             driver.start()
 
-    def job_started(self, index: int, port: int, job: str) -> None:
+    def job_started(self, index: int, ports: Mapping[str, int], job: str) -> None:
         for driver in self.drivers:
-            driver.job_started(index, port, job)
+            driver.job_started(index, ports, job)
 
     def tick(self, now: float) -> None:
         for driver in self.drivers:
@@ -144,35 +160,45 @@ class EveryHost:
             raise failure
         return stopped
 
-    def greens(self) -> list[tuple[float, int]]:
+    def greens(self) -> Greens:
         return self.recorder.greens()
+
+    def host_greens(self) -> dict[str, Greens]:
+        return {host: moves for d in self.drivers for host, moves in d.host_greens().items()}
 
 
 class LegacyTree:
-    """The baselines built with `tc` (legacy_tc): per-job classes for every job of the
-    scenario from the start; a job's port filter is added when its PS listens, as the
-    prototype's launcher knew its ports, and one for every further local port TensorLights'
-    discovery finds for the job (bench/port_feed.py in the PS host: real frameworks send from
-    ephemeral ports). `rotate_every_s` set: the original TL-RR, which rebuilds the whole tree
-    with the next job on top; `order` set: that fixed order (TL-One with a chosen order);
-    neither: fair (equal priorities)."""
+    """The baselines built with `tc` (legacy_tc) on one PS host, as the prototype runs there:
+    per-job classes for every job with a PS task on the host (`members`, the scenario's job
+    indices, in arrival order) from the start; a job's port filter is added when its PS
+    listens, as the prototype's launcher knew its ports, and one for every further local
+    port TensorLights' discovery finds for the job (bench/port_feed.py in the PS host: real
+    frameworks send from ephemeral ports). `rotate_every_s` set: the original TL-RR, which
+    rebuilds the whole tree with the next job on top, its first rotation `phase_s` late;
+    `order` set: that fixed order (TL-One with a chosen order); neither: fair (equal
+    priorities)."""
 
     def __init__(
         self,
+        name: str,
         host: Host,
         rate_bps: int,
-        jobs: int,
+        members: Sequence[int],
         rotate_every_s: float | None,
         order: StaticOrder | None = None,
+        phase_s: float = 0.0,
     ) -> None:
-        self.host, self.ns = host, host.ns
+        self.name, self.host, self.ns = name, host, host.ns
         self.rate_bps, self.rotate_every_s = rate_bps, rotate_every_s
+        self.members = list(members)
         self.order = order
-        self.ports: list[list[int]] = [[] for _ in range(jobs)]
+        self.phase_s = phase_s
+        self.ports: list[list[int]] = [[] for _ in self.members]
+        """Per member (its position in `members`): its ports here."""
         self.green = 0
         self.rebuilds = 0
         self.last_rebuild = 0.0
-        self._greens: list[tuple[float, int]] = []
+        self._greens: Greens = []
         self.index_of: dict[str, int] = {}
         self.found: queue.Queue[tuple[str, list[int]]] = queue.Queue()
         """(job, its local ports) as the port feed reports them."""
@@ -184,7 +210,8 @@ class LegacyTree:
 
     def _commands(self) -> list[list[str]]:
         if self.order is not None:
-            prios = legacy_tc.order_prios(self.order.order)
+            local = [self.members.index(i) for i in self.order.order if i in self.members]
+            prios = legacy_tc.order_prios(tuple(local))
         elif self.rotate_every_s is None:
             prios = [0] * len(self.ports)
         else:
@@ -193,11 +220,12 @@ class LegacyTree:
 
     def start(self) -> None:
         legacy_tc.rebuild(self.ns, self._commands())
-        self.last_rebuild = time.monotonic()
+        self.last_rebuild = time.monotonic() + self.phase_s
         if self.rotate_every_s is not None:
-            self._greens.append((time.time(), self.green))
+            self._greens.append((time.time(), self.members[self.green]))
         elif self.order is not None:
-            self._greens.append((time.time(), self.order.order[0]))
+            first = next(i for i in self.order.order if i in self.members)
+            self._greens.append((time.time(), first))
         self.feeder = subprocess.Popen(
             self.host.exec_args(sys.executable, "-m", "tensorlights.bench.port_feed"),
             stdout=subprocess.PIPE, text=True, env=clean_env(),
@@ -210,14 +238,16 @@ class LegacyTree:
             found = json.loads(line)
             self.found.put((str(found["job"]), [int(port) for port in found["ports"]]))
 
-    def job_started(self, index: int, port: int, job: str) -> None:
-        self.index_of[job] = index
-        self._add_port(index, port)
+    def job_started(self, index: int, ports: Mapping[str, int], job: str) -> None:
+        if index in self.members and self.name in ports:
+            self.index_of[job] = index
+            self._add_port(index, ports[self.name])
 
     def _add_port(self, index: int, port: int) -> None:
-        if port not in self.ports[index]:
-            self.ports[index].append(port)
-            netns.run(["tc", "-n", self.ns, *legacy_tc.port_filter(IFNAME, port, index)])
+        local = self.members.index(index)
+        if port not in self.ports[local]:
+            self.ports[local].append(port)
+            netns.run(["tc", "-n", self.ns, *legacy_tc.port_filter(IFNAME, port, local)])
 
     def tick(self, now: float) -> None:
         if self.feeder is not None and self.feeder.poll() is not None:
@@ -234,7 +264,7 @@ class LegacyTree:
         legacy_tc.rebuild(self.ns, self._commands())
         self.rebuilds += 1
         self.last_rebuild += self.rotate_every_s
-        self._greens.append((time.time(), self.green))
+        self._greens.append((time.time(), self.members[self.green]))
 
     def stop(self) -> int:
         if self.feeder is not None and self.feeder.poll() is None:
@@ -243,8 +273,11 @@ class LegacyTree:
         netns.run(["tc", "-n", self.ns, "qdisc", "del", "dev", IFNAME, "root"], check=False)
         return self.rebuilds
 
-    def greens(self) -> list[tuple[float, int]]:
+    def greens(self) -> Greens:
         return list(self._greens)
+
+    def host_greens(self) -> dict[str, Greens]:
+        return {self.name: self.greens()}
 
 
 def _process_up(
@@ -309,7 +342,7 @@ class ControllerOnHost:
             )
         _process_up(self.proc, sock.exists, "controller", log_path)
 
-    def job_started(self, index: int, port: int, job: str) -> None:
+    def job_started(self, index: int, ports: Mapping[str, int], job: str) -> None:
         pass  # the agents report the jobs they find
 
     def tick(self, now: float) -> None:
@@ -320,8 +353,11 @@ class ControllerOnHost:
         _stop_process(self.proc)
         return 0
 
-    def greens(self) -> list[tuple[float, int]]:
+    def greens(self) -> Greens:
         return []
+
+    def host_greens(self) -> dict[str, Greens]:
+        return {}
 
 
 class AgentOnHost:
@@ -378,7 +414,7 @@ class AgentOnHost:
 
         _process_up(self.proc, ready, f"agent on {self.name}", log_path)
 
-    def job_started(self, index: int, port: int, job: str) -> None:
+    def job_started(self, index: int, ports: Mapping[str, int], job: str) -> None:
         self.index_of[job] = index  # the agent finds the PS by itself
 
     def tick(self, now: float) -> None:
@@ -397,12 +433,15 @@ class AgentOnHost:
             for rotation in status.recent_rotations:
                 self._moves[(rotation.applied, rotation.job)] = None
 
-    def greens(self) -> list[tuple[float, int]]:
+    def greens(self) -> Greens:
         return [
             (applied, self.index_of[job])
             for applied, job in sorted(self._moves)
             if job in self.index_of
         ]
+
+    def host_greens(self) -> dict[str, Greens]:
+        return {self.name: self.greens()}
 
     def stop(self) -> int:
         if self.proc is not None and self.proc.poll() is None:
@@ -415,25 +454,31 @@ class AgentOnHost:
 def make_driver(
     policy: Policy | StaticOrder,
     cluster: Cluster,
-    jobs: int,
+    placements: Sequence[tuple[str, ...]],
     workdir: Path,
     options: RunOptions,
+    shaped: Sequence[str] = (PS_HOST,),
     collective: bool = False,
 ) -> Driver:
-    """What shapes the run: in a PS scenario the PS host's link, in a collective scenario
-    every rank host's link alike."""
-    shaped = RANK_HOSTS if collective else (PS_HOST,)
+    """What shapes the run: each `shaped` host's link (a PS scenario's PS hosts, a collective
+    scenario's rank hosts) alike. `placements`: each job's PS hosts."""
     if policy in (Policy.FIFO, Policy.ALONE):
         fifos = [FifoLink(cluster.hosts[name].ns, options.rate_bps) for name in shaped]
         return fifos[0] if len(fifos) == 1 else EveryHost(fifos, fifos[0])
     if isinstance(policy, StaticOrder) or policy in LEGACY:
         if collective:
-            raise ConfigError(f"{policy.value}: the PS host's tc tree, not for collective jobs")
-        host = cluster.hosts[PS_HOST]
-        if isinstance(policy, StaticOrder):
-            return LegacyTree(host, options.rate_bps, jobs, None, policy)
+            raise ConfigError(f"{policy.value}: the PS hosts' tc trees, not for collective jobs")
+        order = policy if isinstance(policy, StaticOrder) else None
         rotate_every_s = options.original_interval_s if policy is Policy.TL_RR_ORIGINAL else None
-        return LegacyTree(host, options.rate_bps, jobs, rotate_every_s)
+        trees = [
+            LegacyTree(
+                name, cluster.hosts[name], options.rate_bps,
+                [i for i, hosts in enumerate(placements) if name in hosts], rotate_every_s,
+                order, phase_s=k * LEGACY_PHASE_S,
+            )
+            for k, name in enumerate(shaped)
+        ]  # fmt: skip
+        return trees[0] if len(trees) == 1 else EveryHost(trees, trees[0])
     controller = None
     agent_policy = policy.value
     if policy in CONTROLLED:
@@ -462,9 +507,9 @@ CONTROLLED = {Policy.CONTROLLER_PACK: "pack", Policy.CONTROLLER_ROTATE: "rotate"
 """The controller's policies, by its --policy."""
 
 
-def _tx_bytes(ns: str) -> int:
+def _tx_bytes(namespaces: Sequence[str]) -> int:
     path = f"/sys/class/net/{IFNAME}/statistics/tx_bytes"
-    return int(netns.run(netns.in_ns(ns, "cat", path)).stdout)
+    return sum(int(netns.run(netns.in_ns(ns, "cat", path)).stdout) for ns in namespaces)
 
 
 def run_trial(
@@ -478,19 +523,22 @@ def run_trial(
     profile: str = "",
 ) -> Trial:
     """Run `jobs` (at their arrival offsets) to completion under `policy`; measure them."""
-    ps = cluster.hosts[PS_HOST]
     collective = any(spec.collective for spec in jobs)
     # A collective job's ranks 1..n on the other rank hosts, one each; a PS job's workers
     # round-robin over the worker hosts.
     worker_names = RANK_HOSTS[1:] if collective else WORKER_HOSTS
     workers = [cluster.hosts[name] for name in worker_names]
-    driver = make_driver(policy, cluster, len(jobs), workdir, options, collective)
+    placements = [spec.ps_hosts for spec in jobs]
+    shaped = RANK_HOSTS if collective else [h for h in PS_HOSTS if any(h in p for p in placements)]
+    # Link use: a PS scenario's PS hosts, a collective one's rank 0 host (as recorded before).
+    measured = [cluster.hosts[name].ns for name in (shaped if not collective else [PS_HOST])]
+    driver = make_driver(policy, cluster, placements, workdir, options, shaped, collective)
     running: dict[int, RunningJob] = {}
     pending = sorted(range(len(jobs)), key=lambda i: jobs[i].start_s)
     workloads = [Workload(spec.workload) for spec in jobs]
     try:
         driver.start()
-        tx_before = _tx_bytes(ps.ns)
+        tx_before = _tx_bytes(measured)
         # Real frameworks take seconds to import and meet: they are launched that long
         # before their arrival and hold their first iteration until it (start_at).
         lead = max(workload.start_up_s for workload in workloads)
@@ -511,11 +559,15 @@ def run_trial(
                 tag = f"{scenario}-{spec.name}-{policy.value}-{rep}-{cluster.run_id}"
                 early = workloads[index].start_up_s > 0
                 shape = JobShape(spec.workers, spec.model_bytes, spec.iterations, spec.compute_s)
+                ps_hosts = [cluster.hosts[name] for name in spec.ps_hosts]
                 running[index] = start_workload(
-                    workloads[index], tag, ps, workers, shape,
-                    started + spec.start_s if early else None,
+                    workloads[index], tag, ps_hosts[0], workers, shape,
+                    started + spec.start_s if early else None, ps_hosts[1:],
                 )  # fmt: skip
-                driver.job_started(index, running[index].port, running[index].job)
+                ports = running[index].ports or (running[index].port,)
+                driver.job_started(
+                    index, dict(zip(spec.ps_hosts, ports, strict=True)), running[index].job
+                )
             driver.tick(now)
             time.sleep(POLL_S)
         runs = []
@@ -533,19 +585,25 @@ def run_trial(
                     summary["listening_at"] - started,
                     summary["finished_at"] - summary["listening_at"],
                     spreads,
+                    tuple(job.shard_spreads),
                 )
             )
-        tx_after = _tx_bytes(ps.ns)
+        tx_after = _tx_bytes(measured)
     finally:
         for job in running.values():
             job.kill()
         rebuilds = driver.stop()
     first = min(r.arrival_s for r in runs)
     last = max(r.arrival_s + r.jct_s for r in runs)
-    greens = tuple((at - started_wall, jobs[index].name) for at, index in driver.greens())
+
+    def named(moves: Greens) -> tuple[tuple[float, str], ...]:
+        return tuple((at - started_wall, jobs[index].name) for at, index in moves)
+
+    host_greens = driver.host_greens() if len(shaped) > 1 else {}
     trial = Trial(
         scenario, policy.value, rep, options.rate_bps, tuple(runs), tx_after - tx_before,
-        last - first, rebuilds, profile, greens,
+        last - first, rebuilds, profile, named(driver.greens()),
+        {host: named(moves) for host, moves in host_greens.items()}, len(measured),
     )  # fmt: skip
     log.info(
         "%s %s rep %d: avg JCT %.2f s, link %.0f%%",

@@ -2,7 +2,9 @@
 
 Every scenario runs on the same emulated cluster. A PS scenario's bottleneck is one PS host's
 egress link (`rate`, 300 Mbit by default), its workers spread round-robin over two worker
-hosts, so jobs share them. A collective scenario's jobs are all-reduce jobs with one rank on
+hosts, so jobs share them; in the multi-host scenarios (m) the PS tasks run on up to three PS
+hosts, each one's egress shaped at `rate`, and a sharded job's workers wait for every shard.
+A collective scenario's jobs are all-reduce jobs with one rank on
 each of four hosts (the PS host, the two worker hosts and a third), every host's egress
 shaped at `rate`: each job's ring crosses every host's link, as on a cluster where several
 data-parallel jobs share nodes.
@@ -21,6 +23,8 @@ from tensorlights.errors import ConfigError
 
 MB = 1_000_000
 PS_HOST = "ps"
+PS_HOSTS = (PS_HOST, "ps2", "ps3")
+"""Where the PS tasks of the multi-host scenarios run, each host's egress shaped."""
 WORKER_HOSTS = ("w1", "w2")
 RANK_HOSTS = (PS_HOST, *WORKER_HOSTS, "w3")
 """Where a collective job's ranks run, rank 0 first: every host shaped."""
@@ -103,8 +107,9 @@ COMPARED = (
     Policy.CONTROLLER_ROTATE,
 )
 LEGACY = frozenset({Policy.FAIR, Policy.TL_RR_ORIGINAL, Policy.ORDERS})
-"""Built with `tc` on the PS host alone: not defined for collective scenarios (every host
-would need its own tree and its own port feed; the prototype had neither)."""
+"""Built with `tc` on each PS host, as the prototype runs: each host its own tree, loop and
+port feed, deciding alone. Not defined for collective scenarios (a rank host is no PS host:
+the prototype has no notion of it)."""
 
 
 @dataclass(frozen=True)
@@ -121,11 +126,21 @@ class JobSpec:
     """Arrival, seconds after the run starts."""
     workload: str = "synthetic"
     """synthetic, torch-gloo, torch-rpc, torch-ddp, horovod-ddp or tf-ps (Workload)."""
+    ps_hosts: tuple[str, ...] = (PS_HOST,)
+    """The hosts of its PS tasks (PS_HOSTS): with several, the model is sharded evenly over
+    them, and each worker waits for every shard (synthetic jobs)."""
 
     @property
-    def profile(self) -> tuple[str, int, int, float, int]:
-        """What determines its standalone run (arrival does not)."""
-        return (self.workload, self.model_bytes, self.workers, self.compute_s, self.iterations)
+    def shards(self) -> int:
+        return len(self.ps_hosts)
+
+    @property
+    def profile(self) -> tuple[str, int, int, float, int, int]:
+        """What determines its standalone run (arrival and which hosts do not)."""
+        return (
+            self.workload, self.model_bytes, self.workers, self.compute_s, self.iterations,
+            self.shards,
+        )  # fmt: skip
 
     @property
     def collective(self) -> bool:
@@ -140,7 +155,13 @@ class JobSpec:
         if self.collective:
             ranks = self.workers + 1
             return 2 * (ranks - 1) * self.model_bytes // ranks * self.iterations
-        return self.model_bytes * self.workers * self.iterations
+        return self.model_bytes // self.shards * self.workers * self.iterations
+
+    def pushed_bytes_on(self) -> dict[str, int]:
+        """`pushed_bytes` on each host whose egress carries them: every PS host's shard; a
+        collective job's every rank host."""
+        hosts = RANK_HOSTS if self.collective else self.ps_hosts
+        return {host: self.pushed_bytes for host in hosts}
 
 
 @dataclass(frozen=True)
@@ -154,11 +175,24 @@ class Scenario:
     def collective(self) -> bool:
         return any(job.collective for job in self.jobs)
 
+    @property
+    def shaped_hosts(self) -> tuple[str, ...]:
+        """Every host whose egress the policies control: each PS host in use (PS_HOSTS
+        order), or every rank host."""
+        if self.collective:
+            return RANK_HOSTS
+        return tuple(host for host in PS_HOSTS if any(host in job.ps_hosts for job in self.jobs))
+
     def __post_init__(self) -> None:
         if self.collective and not all(job.collective for job in self.jobs):
             raise ConfigError(f"scenario {self.key}: collective and PS jobs do not mix")
         if self.collective and any(job.workers + 1 != len(RANK_HOSTS) for job in self.jobs):
             raise ConfigError(f"scenario {self.key}: a collective job has one rank per host")
+        for job in self.jobs:
+            if set(job.ps_hosts) - set(PS_HOSTS) or len(set(job.ps_hosts)) != job.shards:
+                raise ConfigError(f"scenario {self.key}: {job.name}'s PS hosts are of {PS_HOSTS}")
+            if job.shards > 1 and job.workload != "synthetic":
+                raise ConfigError(f"scenario {self.key}: only synthetic jobs are sharded")
 
     def scaled(self, factor: float) -> Scenario:
         """The same scenario with `factor` times the iterations (and arrival offsets)."""
@@ -175,6 +209,9 @@ class Scenario:
                 for job in self.jobs
             ),
         )
+
+
+SHARDED = (PS_HOST, "ps2")
 
 
 def _jobs(
@@ -270,6 +307,39 @@ SCENARIOS: dict[str, Scenario] = {
             "2 TensorFlow PS jobs (TF_CONFIG: chief and PS on the PS host) x 2 workers, 6 MB "
             "of variables, 150 ms compute, one step per worker per iteration.",
             _jobs(2, 6, 2, 0.15, 25, "tf-ps"),
+        ),
+        # Several PS hosts (each shaped): jobs sharded over PS tasks on two of them, mixed with
+        # jobs whose PS sits on one. A worker waits for its slowest shard.
+        Scenario(
+            "m1",
+            "2 sharded jobs on 2 PS hosts",
+            "2 jobs x 2 workers, each with an 8 MB model sharded over PS tasks on ps and ps2 "
+            "(4 MB each), 100 ms compute: each shard's push takes 2x the compute.",
+            tuple(replace(job, ps_hosts=SHARDED) for job in _jobs(2, 8, 2, 0.1, 25)),
+        ),
+        Scenario(
+            "m2",
+            "1 sharded job and 2 single-host jobs on 2 PS hosts",
+            "An 8 MB job sharded over ps and ps2, and a 4 MB job on each of them alone, 2 "
+            "workers each, 100 ms compute: every host carries two jobs.",
+            (
+                JobSpec("sharded", 8 * MB, 2, 0.1, 25, ps_hosts=SHARDED),
+                JobSpec("on-ps", 4 * MB, 2, 0.1, 25, ps_hosts=(PS_HOST,)),
+                JobSpec("on-ps2", 4 * MB, 2, 0.1, 25, ps_hosts=("ps2",)),
+            ),
+        ),
+        Scenario(
+            "m3",
+            "4 jobs over 3 PS hosts, overlapping",
+            "Three 8 MB jobs sharded over two PS hosts each (ps+ps2, ps2+ps3, ps3+ps) and a "
+            "4 MB job on ps alone, 2 workers each, 100 ms compute: no host carries the same "
+            "jobs as another.",
+            (
+                JobSpec("j1", 8 * MB, 2, 0.1, 25, ps_hosts=SHARDED),
+                JobSpec("j2", 8 * MB, 2, 0.1, 25, ps_hosts=("ps2", "ps3")),
+                JobSpec("j3", 8 * MB, 2, 0.1, 25, ps_hosts=("ps3", PS_HOST)),
+                JobSpec("j4", 4 * MB, 2, 0.1, 25, ps_hosts=(PS_HOST,)),
+            ),
         ),
         # Collective jobs: PyTorch DDP (gloo ring all-reduce), a rank on every shaped host.
         Scenario(

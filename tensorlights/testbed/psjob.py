@@ -26,7 +26,8 @@ import sys
 import threading
 import time
 from collections.abc import Callable, Sequence
-from dataclasses import dataclass
+from concurrent.futures import ThreadPoolExecutor
+from dataclasses import dataclass, field
 from typing import Any
 
 from tensorlights.agent.status import AgentStatus
@@ -96,52 +97,115 @@ def run_ps(args: argparse.Namespace) -> int:
 
 
 def run_worker(args: argparse.Namespace) -> int:
-    host, _, port = args.connect.rpartition(":")
-    conn = socket.create_connection((host.strip("[]"), int(port)))
+    """One connection per PS shard (--connect once per shard, each pushing --model-bytes):
+    an iteration's compute starts once every shard is in, as a worker of a sharded model
+    waits for its slowest PS."""
+    conns = []
+    for target in args.connect:
+        host, _, port = target.rpartition(":")
+        conns.append(socket.create_connection((host.strip("[]"), int(port))))
     gradient = b"\x02" * args.gradient_bytes
     received: list[float] = []
+    shards: list[list[float]] = []
+    pool = ThreadPoolExecutor(max_workers=len(conns))
+
+    def pull(conn: socket.socket) -> float:
+        _recv_exactly(conn, args.model_bytes)
+        return time.monotonic()
+
     try:
         for _ in range(args.iterations):
-            _recv_exactly(conn, args.model_bytes)
-            received.append(time.monotonic())
+            done = list(pool.map(pull, conns))
+            received.append(max(done))
+            shards.append(done)
             time.sleep(args.compute)
-            conn.sendall(gradient)
+            for conn in conns:
+                conn.sendall(gradient)
     except (ConnectionError, OSError) as exc:
         print(json.dumps({"received": received, "error": repr(exc)}), flush=True)
         return 1
-    print(json.dumps({"received": received}), flush=True)
+    finally:
+        pool.shutdown(wait=False)
+    log: dict[str, Any] = {"received": received}
+    if len(conns) > 1:
+        log["shards"] = shards  # when each shard was in, per iteration
+    print(json.dumps(log), flush=True)
     return 0
 
 
 @dataclass
 class RunningJob:
-    """A job started across emulated hosts: its PS on one, its workers on others."""
+    """A job started across emulated hosts: its PS on one (or its PS shards on several), its
+    workers on others."""
 
     ps: subprocess.Popen[str]
     workers: list[subprocess.Popen[str]]
     port: int
     """The PS's listening port: its pushes to the workers leave from it."""
     summary: dict[str, Any] | None = None
-    """The PS's JSON summary, once `received` has collected it."""
+    """The PS's JSON summary (a sharded job's: every shard's, merged), once `received` has
+    collected it."""
     job: str = ""
     """The id discovery gives its processes (set by testbed.workloads)."""
+    more_ps: list[subprocess.Popen[str]] = field(default_factory=list)
+    """A sharded job's other PS shards (`ps` is the first)."""
+    ports: tuple[int, ...] = ()
+    """Every shard's listening port, in shard order (a job of one PS: its `port`)."""
+    shard_spreads: list[float] = field(default_factory=list)
+    """A sharded job's, per iteration: how long the worker that waited longest waited from
+    its first shard's arrival to its last (`received` fills it)."""
 
     def received(self, timeout: float) -> list[list[float]]:
         """Each worker's receive times, once they have finished (the PS summary is kept)."""
         logs = []
+        shard_logs = []
         for worker in self.workers:
             out, _ = worker.communicate(timeout=timeout)
-            logs.append(json.loads(out)["received"])
-        out, _ = self.ps.communicate(timeout=timeout)
-        lines = out.strip().splitlines()
-        self.summary = json.loads(lines[-1]) if lines else None
+            log = json.loads(out)
+            logs.append(log["received"])
+            shard_logs.append(log.get("shards", []))
+        summaries = []
+        for ps in [self.ps, *self.more_ps]:
+            out, _ = ps.communicate(timeout=timeout)
+            lines = out.strip().splitlines()
+            summaries.append(json.loads(lines[-1]) if lines else None)
+        self.summary = _merged(summaries)
+        self.shard_spreads = [
+            max(max(shards) - min(shards) for shards in iteration)
+            for iteration in zip(*shard_logs, strict=False)
+            if iteration
+        ]
         return logs
 
     def kill(self) -> None:
-        for proc in [self.ps, *self.workers]:
+        for proc in [self.ps, *self.more_ps, *self.workers]:
             if proc.poll() is None:
                 proc.kill()
                 proc.wait()
+
+
+def _merged(summaries: list[dict[str, Any] | None]) -> dict[str, Any] | None:
+    """A sharded job's summary: from its first shard's start to its last shard's end."""
+    if len(summaries) == 1 or any(summary is None for summary in summaries):
+        return summaries[0] if len(summaries) == 1 else None
+    present = [summary for summary in summaries if summary is not None]
+    ends = [summary["finished_at"] for summary in present]
+    return {
+        "iterations": min(summary["iterations"] for summary in present),
+        "seconds": max(summary["seconds"] for summary in present),
+        "listening_at": min(summary["listening_at"] for summary in present),
+        "finished_at": None if None in ends else max(ends),
+        "errors": [error for summary in present for error in summary["errors"]],
+    }
+
+
+@dataclass(frozen=True)
+class PsShard:
+    """Where one PS shard runs: its host's command prefix and address, its launcher's env."""
+
+    ns_args: list[str]
+    address: str
+    env: dict[str, str]
 
 
 def start_job(
@@ -156,30 +220,51 @@ def start_job(
 ) -> RunningJob:
     """Start the PS (with its launcher's `env`, e.g. TF_CONFIG) and its workers, spread
     round-robin over `worker_hosts` (each a command prefix that runs on that host)."""
-    common = ["--model-bytes", str(model_bytes), "--iterations", str(iterations)]
+    shard = PsShard(ps_ns_args, ps_address, env)
+    return start_sharded_job([shard], worker_hosts, workers, model_bytes, iterations, compute_s)
+
+
+def start_sharded_job(
+    shards: Sequence[PsShard],
+    worker_hosts: Sequence[list[str]],
+    workers: int,
+    shard_bytes: int,
+    iterations: int,
+    compute_s: float,
+) -> RunningJob:
+    """Start every PS shard (each pushing `shard_bytes` to every worker per iteration) and
+    the workers, each connected to every shard."""
+    common = ["--model-bytes", str(shard_bytes), "--iterations", str(iterations)]
     module = [sys.executable, "-m", "tensorlights.testbed.psjob"]
-    ps = subprocess.Popen(
-        [*ps_ns_args, *module, "ps", "--workers", str(workers), *common],
-        stdout=subprocess.PIPE,
-        text=True,
-        env=env,
-    )
-    assert ps.stdout is not None
-    line = ps.stdout.readline().split()
-    if len(line) != 2 or line[0] != "listening":
-        ps.kill()
-        raise RuntimeError(f"PS did not start (exit {ps.wait()})")
-    target = f"{ps_address}:{line[1]}"
-    started = [
+    started: list[subprocess.Popen[str]] = []
+    targets = []
+    for shard in shards:
+        ps = subprocess.Popen(
+            [*shard.ns_args, *module, "ps", "--workers", str(workers), *common],
+            stdout=subprocess.PIPE,
+            text=True,
+            env=shard.env,
+        )
+        started.append(ps)
+        assert ps.stdout is not None
+        line = ps.stdout.readline().split()
+        if len(line) != 2 or line[0] != "listening":
+            for proc in started:
+                proc.kill()
+            raise RuntimeError(f"PS did not start (exit {ps.wait()})")
+        targets.append((f"{shard.address}:{line[1]}", int(line[1])))
+    connects = [arg for target, _ in targets for arg in ("--connect", target)]
+    worker_procs = [
         subprocess.Popen(
-            [*worker_hosts[index % len(worker_hosts)], *module, "worker", "--connect", target,
+            [*worker_hosts[index % len(worker_hosts)], *module, "worker", *connects,
              "--compute", str(compute_s), *common],
             stdout=subprocess.PIPE,
             text=True,
         )
         for index in range(workers)
     ]  # fmt: skip
-    return RunningJob(ps, started, int(line[1]))
+    ports = tuple(port for _, port in targets)
+    return RunningJob(started[0], worker_procs, ports[0], more_ps=started[1:], ports=ports)
 
 
 def tf_config_env(
@@ -189,10 +274,11 @@ def tf_config_env(
     return {"TF_CONFIG": json.dumps({"cluster": cluster, "task": {"type": task, "index": index}})}
 
 
-def tf_launcher_env(tag: str, workers: int) -> dict[str, str]:
-    """The TF_CONFIG a launcher would give job `tag`'s PS."""
+def tf_launcher_env(tag: str, workers: int, shards: int = 1, index: int = 0) -> dict[str, str]:
+    """The TF_CONFIG a launcher would give PS `index` of job `tag` (of `shards` PS tasks)."""
+    ps = [f"ps-{tag}:1"] if shards == 1 else [f"ps{i}-{tag}:1" for i in range(shards)]
     return tf_config_env(
-        {"ps": [f"ps-{tag}:1"], "worker": [f"w{i}-{tag}:1" for i in range(workers)]}
+        {"ps": ps, "worker": [f"w{i}-{tag}:1" for i in range(workers)]}, index=index
     )
 
 
@@ -203,9 +289,9 @@ def launcher_job_id(env: dict[str, str]) -> str:
     return found[0]
 
 
-def tf_job_id(tag: str, workers: int) -> str:
+def tf_job_id(tag: str, workers: int, shards: int = 1) -> str:
     """The job id discovery gives job `tag`'s processes (from their TF_CONFIG)."""
-    return launcher_job_id(tf_launcher_env(tag, workers))
+    return launcher_job_id(tf_launcher_env(tag, workers, shards))
 
 
 def collect_iterations(
@@ -243,7 +329,9 @@ def main(argv: list[str] | None = None) -> int:
     sub.choices["ps"].add_argument("--bind", default="0.0.0.0")
     sub.choices["ps"].add_argument("--port", type=int, default=0)
     sub.choices["ps"].add_argument("--workers", type=int, required=True)
-    sub.choices["worker"].add_argument("--connect", required=True, metavar="HOST:PORT")
+    sub.choices["worker"].add_argument(
+        "--connect", required=True, action="append", metavar="HOST:PORT", help="once per shard"
+    )
     sub.choices["worker"].add_argument("--compute", type=float, default=0.25)
     args = parser.parse_args(argv)
     return run_ps(args) if args.role == "ps" else run_worker(args)

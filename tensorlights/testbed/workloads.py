@@ -32,9 +32,10 @@ from pathlib import Path
 
 from tensorlights.testbed.netns import Host
 from tensorlights.testbed.psjob import (
+    PsShard,
     RunningJob,
     launcher_job_id,
-    start_job,
+    start_sharded_job,
     tf_config_env,
     tf_job_id,
     tf_launcher_env,
@@ -121,19 +122,31 @@ def start_workload(
     worker_hosts: Sequence[Host],
     shape: JobShape,
     start_at: float | None = None,
+    more_ps_hosts: Sequence[Host] = (),
 ) -> RunningJob:
     """Start job `tag`: its PS on `ps_host`, its workers round-robin over `worker_hosts`;
     the returned job knows the id discovery gives it. A real framework's job holds its first
     iteration until `start_at` (CLOCK_MONOTONIC) and is not waited for here; the synthetic
-    job starts at once and is waited for until its PS listens."""
+    job starts at once and is waited for until its PS listens. With `more_ps_hosts` the
+    model is sharded over PS tasks on `ps_host` and those, each pushing its share (the
+    synthetic job only)."""
     if workload is Workload.SYNTHETIC:
-        job = start_job(
-            ps_host.exec_args(), [host.exec_args() for host in worker_hosts], ps_host.ipv4,
-            clean_env(tf_launcher_env(tag, shape.workers)), shape.workers, shape.model_bytes,
-            shape.iterations, shape.compute_s,
+        ps_hosts = [ps_host, *more_ps_hosts]
+        shards = [
+            PsShard(
+                host.exec_args(), host.ipv4,
+                clean_env(tf_launcher_env(tag, shape.workers, len(ps_hosts), index)),
+            )
+            for index, host in enumerate(ps_hosts)
+        ]  # fmt: skip
+        job = start_sharded_job(
+            shards, [host.exec_args() for host in worker_hosts], shape.workers,
+            shape.model_bytes // len(ps_hosts), shape.iterations, shape.compute_s,
         )  # fmt: skip
-        job.job = tf_job_id(tag, shape.workers)
+        job.job = tf_job_id(tag, shape.workers, len(ps_hosts))
         return job
+    if more_ps_hosts:
+        raise ValueError(f"{workload}: only synthetic jobs are sharded over several PS hosts")
     if workload is Workload.TF_PS:
         return start_tf_job(ps_host, worker_hosts, shape, start_at)
     transport = {Workload.TORCH_RPC: "rpc", Workload.TORCH_DDP: "ddp", Workload.HOROVOD_DDP: "ddp"}

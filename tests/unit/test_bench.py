@@ -19,7 +19,14 @@ from tensorlights.bench.bound import (
     lower_bound_avg_jct,
     wire_bytes,
 )
-from tensorlights.bench.results import JobRun, Trial, alone_jct, profile_key, summarize
+from tensorlights.bench.results import (
+    JobRun,
+    Trial,
+    alone_jct,
+    profile_key,
+    split_green_share,
+    summarize,
+)
 from tensorlights.bench.scenarios import (
     COMPARED,
     SCENARIOS,
@@ -43,22 +50,30 @@ def test_wire_bytes_count_headers_per_segment() -> None:
 def test_bound_two_equal_jobs_sharing_a_link_with_no_compute() -> None:
     # Pure communication (alone = link time 1 s each): the best is one after the other,
     # completions 1 s and 2 s -> average 1.5 s; nothing can do better.
-    bound = lower_bound_avg_jct({"a": 1.0, "b": 1.0}, {"a": 1.0, "b": 1.0}, {"a": 0, "b": 0})
+    bound = lower_bound_avg_jct(
+        {"a": 1.0, "b": 1.0}, {"ps": {"a": 1.0, "b": 1.0}}, {"a": 0, "b": 0}
+    )
     assert bound == pytest.approx(1.5)
 
 
 def test_bound_jobs_that_fit_together_are_bounded_by_their_standalone_times() -> None:
     # Link time 1 s of a 10 s standalone run each: the link is no constraint.
-    bound = lower_bound_avg_jct({"a": 10.0, "b": 10.0}, {"a": 1.0, "b": 1.0}, {"a": 0, "b": 0})
+    bound = lower_bound_avg_jct(
+        {"a": 10.0, "b": 10.0}, {"ps": {"a": 1.0, "b": 1.0}}, {"a": 0, "b": 0}
+    )
     assert bound == pytest.approx(10.0)
 
 
 def test_bound_with_arrivals_subtracts_them() -> None:
     # b arrives when a is done with the link: no interference at all.
-    bound = lower_bound_avg_jct({"a": 2.0, "b": 2.0}, {"a": 2.0, "b": 2.0}, {"a": 0, "b": 2.0})
+    bound = lower_bound_avg_jct(
+        {"a": 2.0, "b": 2.0}, {"ps": {"a": 2.0, "b": 2.0}}, {"a": 0, "b": 2.0}
+    )
     assert bound == pytest.approx(2.0)
     # b arrives at 1 s: whichever finishes second ends at 4 s at the earliest.
-    overlap = lower_bound_avg_jct({"a": 2.0, "b": 2.0}, {"a": 2.0, "b": 2.0}, {"a": 0, "b": 1.0})
+    overlap = lower_bound_avg_jct(
+        {"a": 2.0, "b": 2.0}, {"ps": {"a": 2.0, "b": 2.0}}, {"a": 0, "b": 1.0}
+    )
     assert overlap == pytest.approx((2.0 + (4.0 - 1.0)) / 2)
 
 
@@ -69,10 +84,10 @@ def test_link_makespan_idles_until_arrivals() -> None:
 
 def test_bound_refuses_inconsistent_or_too_many_jobs() -> None:
     with pytest.raises(ConfigError):
-        lower_bound_avg_jct({"a": 1.0}, {"b": 1.0}, {"a": 0})
+        lower_bound_avg_jct({"a": 1.0}, {"ps": {"b": 1.0}}, {"a": 0})
     many = {str(i): 1.0 for i in range(9)}
     with pytest.raises(ConfigError):
-        lower_bound_avg_jct(many, many, dict.fromkeys(many, 0.0))
+        lower_bound_avg_jct(many, {"ps": many}, dict.fromkeys(many, 0.0))
 
 
 jobs_strategy = st.lists(
@@ -93,7 +108,7 @@ def test_bound_is_below_every_serial_schedule_and_above_both_simple_bounds(
     alone = {n: a for n, (a, _, _) in zip(names, jobs, strict=True)}
     link = {n: a * share for n, (a, share, _) in zip(names, jobs, strict=True)}
     arrival = {n: t for n, (_, _, t) in zip(names, jobs, strict=True)}
-    bound = lower_bound_avg_jct(alone, link, arrival)
+    bound = lower_bound_avg_jct(alone, {"ps": link}, arrival)
     # Never below what each job needs alone ...
     assert bound >= sum(alone.values()) / len(names) - 1e-9
     # ... and never above a feasible schedule: jobs run one after the other, each at its
@@ -110,7 +125,7 @@ def test_bound_is_below_every_serial_schedule_and_above_both_simple_bounds(
 
 def test_scenarios_cover_the_issue_and_scale() -> None:
     assert sorted(SCENARIOS) == [
-        *("a", "b", "c", "c1", "c2", "d", "e", "f", "r1", "r2", "r3", "r4")
+        *("a", "b", "c", "c1", "c2", "d", "e", "f", "m1", "m2", "m3", "r1", "r2", "r3", "r4")
     ]
     # The real frameworks' scenarios: RPC, overloaded gloo, mixed sizes, TensorFlow.
     assert {j.workload for j in SCENARIOS["r1"].jobs} == {"torch-rpc"}
@@ -131,7 +146,7 @@ def test_scenarios_cover_the_issue_and_scale() -> None:
 
 def test_selection_refuses_unknown_names() -> None:
     assert [s.key for s in select("a, c")] == ["a", "c"]
-    assert len(select("all")) == 12
+    assert len(select("all")) == 15
     assert select_policies("all") == list(COMPARED)
     with pytest.raises(ConfigError, match="unknown scenario"):
         select("z")
@@ -311,3 +326,42 @@ def test_the_largest_slowdown_is_taken_in_each_run() -> None:
     pack = summarize(scenario, 100_000_000, trials, {profile_key(x): 2.0}, ["pack"]).policies[0]
     assert pack.slowdown == {"x": 1.5, "y": 1.5}
     assert pack.max_slowdown == 2.0
+
+
+def test_bound_over_several_links_is_held_by_the_busiest() -> None:
+    # a is sharded over links x and y (1 s on each), b sits on y alone (2 s): y carries 3 s
+    # of pushes, x only 1 s; with no compute the best is a first (1 s), then b (3 s).
+    links = {"x": {"a": 1.0}, "y": {"a": 1.0, "b": 2.0}}
+    bound = lower_bound_avg_jct({"a": 1.0, "b": 2.0}, links, {"a": 0, "b": 0})
+    assert bound == pytest.approx((1.0 + 3.0) / 2)
+    # Spread over separate links, the jobs do not constrain each other.
+    apart = {"x": {"a": 1.0}, "y": {"b": 2.0}}
+    assert lower_bound_avg_jct({"a": 1.0, "b": 2.0}, apart, {"a": 0, "b": 0}) == pytest.approx(1.5)
+
+
+def test_multi_host_scenarios_shard_over_ps_hosts_and_shape_each() -> None:
+    m3 = SCENARIOS["m3"]
+    assert m3.shaped_hosts == ("ps", "ps2", "ps3")
+    assert SCENARIOS["m2"].shaped_hosts == ("ps", "ps2") and SCENARIOS["a"].shaped_hosts == ("ps",)
+    j1 = m3.jobs[0]
+    # An 8 MB model over two PS hosts: each host pushes 4 MB to each worker per iteration.
+    assert j1.pushed_bytes_on() == {"ps": 4_000_000 * 2 * 25, "ps2": 4_000_000 * 2 * 25}
+    assert profile_key(j1).endswith("-2ps") and not profile_key(m3.jobs[3]).endswith("ps")
+    with pytest.raises(ConfigError, match="PS hosts"):
+        Scenario("x", "t", "d", (JobSpec("j", 1, 1, 0.1, 1, ps_hosts=("ps", "nowhere")),))
+    with pytest.raises(ConfigError, match="only synthetic"):
+        Scenario("x", "t", "d", (JobSpec("j", 1, 1, 0.1, 1, 0, "torch-gloo", ("ps", "ps2")),))
+
+
+def test_split_green_share_counts_time_a_sharded_job_is_green_on_one_host_only() -> None:
+    scenario = SCENARIOS["m2"]  # "sharded" on ps + ps2, "on-ps", "on-ps2"
+    runs = tuple(JobRun(name, 0.0, 10.0, ()) for name in ("sharded", "on-ps", "on-ps2"))
+    # ps: sharded green 0-10; ps2: on-ps2 green 0-4, then sharded: split for 4 of 10 s.
+    lights = {"ps": ((0.0, "sharded"),), "ps2": ((0.0, "on-ps2"), (4.0, "sharded"))}
+    trial = Trial("m2", "pack", 0, 1, runs, 0, 10.0, host_greens=lights)
+    assert split_green_share(trial, scenario) == pytest.approx(0.4)
+    agreeing = {"ps": ((0.0, "sharded"),), "ps2": ((0.0, "sharded"),)}
+    assert split_green_share(replace(trial, host_greens=agreeing), scenario) == 0.0
+    # Without a light on one of its hosts (FIFO, fair) there is nothing to count.
+    assert split_green_share(replace(trial, host_greens={"ps": lights["ps"]}), scenario) is None
+    assert Trial.from_dict(json.loads(json.dumps(trial.to_dict()))) == trial
