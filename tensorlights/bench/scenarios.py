@@ -212,6 +212,9 @@ class Scenario:
 
 
 SHARDED = (PS_HOST, "ps2")
+M_ITERATIONS = 80
+"""A multi-host job alone: about 26 s; sharing hosts: 35-50 s, two rotations of the
+prototype's 20 s loop or more (with 25 iterations it never rotated before the jobs ended)."""
 
 
 def _jobs(
@@ -309,13 +312,14 @@ SCENARIOS: dict[str, Scenario] = {
             _jobs(2, 6, 2, 0.15, 25, "tf-ps"),
         ),
         # Several PS hosts (each shaped): jobs sharded over PS tasks on two of them, mixed with
-        # jobs whose PS sits on one. A worker waits for its slowest shard.
+        # jobs whose PS sits on one. A worker waits for its slowest shard. The jobs outlast
+        # the prototype's 20 s rotation a few times over (M_ITERATIONS).
         Scenario(
             "m1",
             "2 sharded jobs on 2 PS hosts",
             "2 jobs x 2 workers, each with an 8 MB model sharded over PS tasks on ps and ps2 "
             "(4 MB each), 100 ms compute: each shard's push takes 2x the compute.",
-            tuple(replace(job, ps_hosts=SHARDED) for job in _jobs(2, 8, 2, 0.1, 25)),
+            tuple(replace(job, ps_hosts=SHARDED) for job in _jobs(2, 8, 2, 0.1, M_ITERATIONS)),
         ),
         Scenario(
             "m2",
@@ -323,9 +327,9 @@ SCENARIOS: dict[str, Scenario] = {
             "An 8 MB job sharded over ps and ps2, and a 4 MB job on each of them alone, 2 "
             "workers each, 100 ms compute: every host carries two jobs.",
             (
-                JobSpec("sharded", 8 * MB, 2, 0.1, 25, ps_hosts=SHARDED),
-                JobSpec("on-ps", 4 * MB, 2, 0.1, 25, ps_hosts=(PS_HOST,)),
-                JobSpec("on-ps2", 4 * MB, 2, 0.1, 25, ps_hosts=("ps2",)),
+                JobSpec("sharded", 8 * MB, 2, 0.1, M_ITERATIONS, ps_hosts=SHARDED),
+                JobSpec("on-ps", 4 * MB, 2, 0.1, M_ITERATIONS, ps_hosts=(PS_HOST,)),
+                JobSpec("on-ps2", 4 * MB, 2, 0.1, M_ITERATIONS, ps_hosts=("ps2",)),
             ),
         ),
         Scenario(
@@ -335,10 +339,10 @@ SCENARIOS: dict[str, Scenario] = {
             "4 MB job on ps alone, 2 workers each, 100 ms compute: no host carries the same "
             "jobs as another.",
             (
-                JobSpec("j1", 8 * MB, 2, 0.1, 25, ps_hosts=SHARDED),
-                JobSpec("j2", 8 * MB, 2, 0.1, 25, ps_hosts=("ps2", "ps3")),
-                JobSpec("j3", 8 * MB, 2, 0.1, 25, ps_hosts=("ps3", PS_HOST)),
-                JobSpec("j4", 4 * MB, 2, 0.1, 25, ps_hosts=(PS_HOST,)),
+                JobSpec("j1", 8 * MB, 2, 0.1, M_ITERATIONS, ps_hosts=SHARDED),
+                JobSpec("j2", 8 * MB, 2, 0.1, M_ITERATIONS, ps_hosts=("ps2", "ps3")),
+                JobSpec("j3", 8 * MB, 2, 0.1, M_ITERATIONS, ps_hosts=("ps3", PS_HOST)),
+                JobSpec("j4", 4 * MB, 2, 0.1, M_ITERATIONS, ps_hosts=(PS_HOST,)),
             ),
         ),
         # Collective jobs: PyTorch DDP (gloo ring all-reduce), a rank on every shaped host.

@@ -345,7 +345,8 @@ def test_multi_host_scenarios_shard_over_ps_hosts_and_shape_each() -> None:
     assert SCENARIOS["m2"].shaped_hosts == ("ps", "ps2") and SCENARIOS["a"].shaped_hosts == ("ps",)
     j1 = m3.jobs[0]
     # An 8 MB model over two PS hosts: each host pushes 4 MB to each worker per iteration.
-    assert j1.pushed_bytes_on() == {"ps": 4_000_000 * 2 * 25, "ps2": 4_000_000 * 2 * 25}
+    per_host = 4_000_000 * 2 * j1.iterations
+    assert j1.pushed_bytes_on() == {"ps": per_host, "ps2": per_host}
     assert profile_key(j1).endswith("-2ps") and not profile_key(m3.jobs[3]).endswith("ps")
     with pytest.raises(ConfigError, match="PS hosts"):
         Scenario("x", "t", "d", (JobSpec("j", 1, 1, 0.1, 1, ps_hosts=("ps", "nowhere")),))
