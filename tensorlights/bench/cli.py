@@ -20,6 +20,9 @@ from tensorlights.bench.results import Trial, alone_jct, profile_key, summarize
 from tensorlights.bench.runner import HOSTS, RunOptions, run_trial
 from tensorlights.bench.scenarios import (
     COMPARED,
+    FAULT_AT_S,
+    FAULT_DOWN_S,
+    FAULTS,
     LEGACY,
     MAX_ORDER_JOBS,
     SCENARIOS,
@@ -49,9 +52,11 @@ def main() -> None:
 )
 @click.option(
     "--policies", default="all", show_default=True,
-    help=f"Of: {', '.join(COMPARED)}; and `{Policy.ORDERS}`: every fixed priority order of "
+    help=f"Of: {', '.join(COMPARED)}; `{Policy.ORDERS}`: every fixed priority order of "
     f"each scenario of up to {MAX_ORDER_JOBS} jobs, built with tc (the reference each policy "
-    "is reported against; not in `all`).",
+    f"is reported against); and faults during controller-pack: {', '.join(FAULTS)} (the "
+    "controller killed, or killed and restarted, or the first PS host's agent restarted, "
+    "--fault-at into the run). The last two kinds are not in `all`.",
 )  # fmt: skip
 @click.option("--reps", type=click.IntRange(1, 50), default=3, show_default=True)
 @click.option("--rate", default="300mbit", show_default=True, help="The PS host's link.")
@@ -63,6 +68,14 @@ def main() -> None:
 @click.option(
     "--starvation-window", default="30s", show_default=True,
     help="The agent's starvation window under policy pack.",
+)  # fmt: skip
+@click.option(
+    "--fault-at", default=f"{FAULT_AT_S:g}s", show_default=True,
+    help="When a fault run's fault comes, after the jobs' start.",
+)  # fmt: skip
+@click.option(
+    "--fault-down", default=f"{FAULT_DOWN_S:g}s", show_default=True,
+    help="How long the controller stays down in controller-pack-restarted.",
 )  # fmt: skip
 @click.option(
     "--scale", type=float, default=1.0, show_default=True,
@@ -82,6 +95,8 @@ def run(
     interval: str,
     original_interval: str,
     starvation_window: str,
+    fault_at: str,
+    fault_down: str,
     scale: float,
     out: Path,
     no_plots: bool,
@@ -95,8 +110,9 @@ def run(
         parse_duration(interval)
         parse_duration(starvation_window)
         options = RunOptions(
-            parse_rate(rate), interval, parse_duration(original_interval), starvation_window
-        )
+            parse_rate(rate), interval, parse_duration(original_interval), starvation_window,
+            fault_at_s=parse_duration(fault_at), fault_down_s=parse_duration(fault_down),
+        )  # fmt: skip
     except ConfigError as exc:
         raise click.UsageError(str(exc)) from None
     if os.geteuid() != 0:
@@ -111,6 +127,8 @@ def run(
         "interval": interval,
         "original_interval_s": options.original_interval_s,
         "starvation_window": starvation_window,
+        "fault_at_s": options.fault_at_s,
+        "fault_down_s": options.fault_down_s,
         "machine": f"{platform.node()}, {os.cpu_count()} CPUs, Linux {platform.release()}",
     }
     out.mkdir(parents=True, exist_ok=True)
@@ -209,8 +227,13 @@ def _resume(out: Path, meta: dict[str, Any]) -> set[tuple[str, str, int]]:
     meta_path = out / META
     if meta_path.exists():
         old = json.loads(meta_path.read_text())
-        settings = ("rate_bps", "scale", "interval", "original_interval_s", "starvation_window")
-        if any(old.get(k) != meta[k] for k in settings):
+        settings = (
+            "rate_bps", "scale", "interval", "original_interval_s", "starvation_window",
+            "fault_at_s", "fault_down_s",
+        )  # fmt: skip
+        # Folders from before the fault runs: their (unused) fault settings were the defaults.
+        defaults = {"fault_at_s": FAULT_AT_S, "fault_down_s": FAULT_DOWN_S}
+        if any(old.get(k, defaults.get(k)) != meta[k] for k in settings):
             raise click.ClickException(
                 f"{out} holds runs with other settings ({ {k: old.get(k) for k in settings} }): "
                 "choose another --out"

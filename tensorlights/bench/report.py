@@ -20,6 +20,9 @@ LABELS = {
     "pack": "TensorLights pack",
     "controller-pack": "TensorLights pack, controller",
     "controller-rotate": "TensorLights rotate, controller",
+    "controller-pack-killed": "pack, controller killed",
+    "controller-pack-restarted": "pack, controller restarted",
+    "controller-pack-agent-restarted": "pack, controller, an agent restarted",
 }
 
 
@@ -141,6 +144,22 @@ def scenario_section(
                 f"| {label(p.policy)} | {p.shard_spread_median_s * 1e3:.0f} / "
                 f"{p.shard_spread_p90_s * 1e3:.0f} | {split} |"
             )
+    faulted = [p for p in summary.policies if p.events]
+    clean = next((p for p in summary.policies if p.policy == "controller-pack"), None)
+    if faulted:
+        lines += [
+            "",
+            "Faults during controller pack (what was done and what the agents did, seconds "
+            "after the start, first repetition; the cost against the clean run):",
+            "",
+            "| run | avg JCT s | against clean | green on some PS hosts only | events |",
+            "|---|---:|---:|---:|---|",
+        ]
+        for p in faulted:
+            cost = f"{p.avg_jct_s / clean.avg_jct_s - 1:+.1%}" if clean else "—"
+            split = "—" if p.split_green is None else f"{p.split_green:.0%}"
+            events = "; ".join(f"{at:.1f} s {what}" for at, what in p.events)
+            lines.append(f"| {label(p.policy)} | {p.avg_jct_s:.2f} | {cost} | {split} | {events} |")
     best = summary.best_order
     if best is not None:
         lines += [

@@ -49,6 +49,9 @@ class Trial:
     """With several shaped hosts: `greens` of each."""
     links: int = 1
     """Links whose bytes `link_bytes` counts (the PS hosts')."""
+    events: tuple[tuple[float, str], ...] = ()
+    """A fault run's (runner.Faulted): what was done and what the agents did about it,
+    seconds after the run started."""
 
     @property
     def light_moves(self) -> int:
@@ -78,7 +81,7 @@ class Trial:
         host_greens = {host: moves(raw) for host, raw in data.get("host_greens", {}).items()}
         return cls(
             **{**data, "jobs": jobs, "greens": moves(data.get("greens", ())),
-               "host_greens": host_greens},
+               "host_greens": host_greens, "events": moves(data.get("events", ()))},
         )  # fmt: skip
 
 
@@ -128,6 +131,8 @@ class PolicySummary:
     """...and the median over repetitions of the share of the sharded jobs' time during
     which they were green on some but not all of their PS hosts (None without per-host
     lights: FIFO, fair)."""
+    events: tuple[tuple[float, str], ...] = ()
+    """A fault run's events (Trial.events), of its first repetition."""
 
 
 @dataclass(frozen=True)
@@ -219,6 +224,7 @@ def _policy_summary(
             if splits and all(v is not None for v in splits)
             else None
         ),
+        events=min(runs, key=lambda t: t.rep).events,
     )
 
 

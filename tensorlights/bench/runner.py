@@ -31,6 +31,9 @@ from tensorlights.bench import legacy_tc
 from tensorlights.bench.results import JobRun, Trial
 from tensorlights.bench.scenarios import (
     CONTROLLER_HOST,
+    FAULT_AT_S,
+    FAULT_DOWN_S,
+    FAULTS,
     LEGACY,
     PS_HOST,
     PS_HOSTS,
@@ -78,6 +81,10 @@ class RunOptions:
     starvation_window: str = "30s"
     """The agent's starvation window (policy pack): the benchmark's jobs last 6-35 s."""
     timeout_s: float = 600.0
+    fault_at_s: float = FAULT_AT_S
+    """A fault run's fault, this long after the jobs' start..."""
+    fault_down_s: float = FAULT_DOWN_S
+    """...and how long a restarted controller stays down."""
 
 
 class Driver(Protocol):
@@ -316,6 +323,8 @@ class ControllerOnHost:
         self.host = cluster.hosts[CONTROLLER_HOST]
         self.workdir, self.policy, self.agents, self.options = workdir, policy, agents, options
         self.proc: subprocess.Popen[bytes] | None = None
+        self.down = False
+        """Killed on purpose (a fault): its exit is no error."""
 
     @property
     def address(self) -> str:
@@ -326,6 +335,8 @@ class ControllerOnHost:
         return controller_section(self.address, self.workdir / "pki", host)
 
     def start(self) -> None:
+        """Start it (again after `kill`: the same CA and state directory)."""
+        self.down = False
         self.workdir.mkdir(parents=True, exist_ok=True)
         pki = self.workdir / "pki"
         make_pki(pki, [self.host.ipv4], list(self.agents))
@@ -346,8 +357,15 @@ class ControllerOnHost:
         pass  # the agents report the jobs they find
 
     def tick(self, now: float) -> None:
-        if self.proc is not None and self.proc.poll() is not None:
+        if not self.down and self.proc is not None and self.proc.poll() is not None:
             raise RuntimeError(f"the controller exited with {self.proc.returncode} during the run")
+
+    def kill(self) -> None:
+        """SIGKILL, as a crash: no goodbye to the agents."""
+        self.down = True
+        if self.proc is not None and self.proc.poll() is None:
+            self.proc.kill()
+            self.proc.wait()
 
     def stop(self) -> int:
         _stop_process(self.proc)
@@ -382,6 +400,8 @@ class AgentOnHost:
         self._moves: dict[tuple[float, str], None] = {}
         """The agent's applied rotations seen so far: (Unix time, job id)."""
         self._status_read_at = 0.0
+        self.mode: Mode | None = None
+        """Whose decision its bands were at the last status read."""
 
     def start(self) -> None:
         self.workdir.mkdir(parents=True, exist_ok=True)
@@ -430,8 +450,16 @@ class AgentOnHost:
         except (TransientError, OSError, json.JSONDecodeError):
             return  # the next read catches up: the agent keeps its last 20 moves
         if status is not None:
+            self.mode = status.mode
             for rotation in status.recent_rotations:
                 self._moves[(rotation.applied, rotation.job)] = None
+
+    def restart(self) -> None:
+        """Stop it as systemd does (SIGTERM: it puts the kernel's default qdisc back) and
+        start it again; returns once it follows the controller again."""
+        self._read_moves()
+        _stop_process(self.proc)
+        self.start()
 
     def greens(self) -> Greens:
         return [
@@ -449,6 +477,60 @@ class AgentOnHost:
         _stop_process(self.proc)
         netns.run(["tc", "-n", self.host.ns, "qdisc", "del", "dev", IFNAME, "root"], check=False)
         return 0
+
+
+class Faulted(EveryHost):
+    """controller-pack on every shaped host with one fault `fault_at_s` into the run (FAULTS),
+    and when the agents' mode changed because of it (`events`: seconds after the start, as
+    the trials record them)."""
+
+    def __init__(
+        self,
+        fault: Policy,
+        controller: ControllerOnHost,
+        agents: Sequence[AgentOnHost],
+        options: RunOptions,
+    ) -> None:
+        super().__init__([controller, *agents], agents[0])
+        self.fault, self.controller, self.agents = fault, controller, list(agents)
+        self.at_s, self.down_s = options.fault_at_s, options.fault_down_s
+        self.started = 0.0
+        self.events: list[tuple[float, str]] = []
+        self._done: set[str] = set()
+        self._modes: dict[str, Mode | None] = {}
+
+    def start(self) -> None:
+        super().start()
+        self.started = time.monotonic()
+
+    def _event(self, what: str) -> None:
+        self.events.append((time.monotonic() - self.started, what))
+
+    def tick(self, now: float) -> None:
+        elapsed = now - self.started
+        if "fault" not in self._done and elapsed >= self.at_s:
+            self._done.add("fault")
+            if self.fault is Policy.AGENT_RESTARTED:
+                self._event(f"agent on {self.agents[0].name} restarting")
+                self.agents[0].restart()
+                self._event(f"agent on {self.agents[0].name} following again")
+            else:
+                self.controller.kill()
+                self._event("controller killed")
+        if (
+            self.fault is Policy.CONTROLLER_RESTARTED
+            and "fault" in self._done
+            and "back" not in self._done
+            and elapsed >= self.at_s + self.down_s
+        ):
+            self._done.add("back")
+            self.controller.start()
+            self._event("controller started again")
+        super().tick(now)
+        for agent in self.agents:  # their mode, as the status reads of super().tick saw it
+            if self._modes.get(agent.name, agent.mode) != agent.mode:
+                self._event(f"agent on {agent.name}: {agent.mode}")
+            self._modes[agent.name] = agent.mode
 
 
 def make_driver(
@@ -481,6 +563,13 @@ def make_driver(
         return trees[0] if len(trees) == 1 else EveryHost(trees, trees[0])
     controller = None
     agent_policy = policy.value
+    if policy in FAULTS:
+        controller = ControllerOnHost(cluster, workdir / "controller", "pack", shaped, options)
+        agents = [
+            AgentOnHost(cluster, workdir / name, "pack", options, name, controller=controller)
+            for name in shaped
+        ]
+        return Faulted(policy, controller, agents, options)
     if policy in CONTROLLED:
         agent_policy = CONTROLLED[policy]  # also what each agent falls back to
         controller = ControllerOnHost(
@@ -543,6 +632,8 @@ def run_trial(
         # before their arrival and hold their first iteration until it (start_at).
         lead = max(workload.start_up_s for workload in workloads)
         started = time.monotonic() + lead
+        if isinstance(driver, Faulted):
+            driver.started = started  # the fault comes that long after the jobs' start
         started_wall = time.time() + lead
         deadline = started + options.timeout_s
         while pending or any(job.ps.poll() is None for job in running.values()):
@@ -604,6 +695,7 @@ def run_trial(
         scenario, policy.value, rep, options.rate_bps, tuple(runs), tx_after - tx_before,
         last - first, rebuilds, profile, named(driver.greens()),
         {host: named(moves) for host, moves in host_greens.items()}, len(measured),
+        tuple(driver.events) if isinstance(driver, Faulted) else (),
     )  # fmt: skip
     log.info(
         "%s %s rep %d: avg JCT %.2f s, link %.0f%%",

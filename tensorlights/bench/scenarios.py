@@ -54,12 +54,27 @@ class Policy(StrEnum):
     cluster-wide order by measured demand, each job green on all its hosts at once."""
     CONTROLLER_ROTATE = "controller-rotate"
     """The same with the controller's coordinated rotation (`--policy rotate`)."""
+    CONTROLLER_KILLED = "controller-pack-killed"
+    """(Faults, asked for by name) controller-pack, the controller SIGKILLed FAULT_AT_S into
+    the run (--fault-at) and not restarted: the agents hold its plan for the lease, then fall
+    back."""
+    CONTROLLER_RESTARTED = "controller-pack-restarted"
+    """The controller SIGKILLed FAULT_AT_S in and started again FAULT_DOWN_S later
+    (--fault-down)."""
+    AGENT_RESTARTED = "controller-pack-agent-restarted"
+    """The first PS host's agent restarted (SIGTERM, as systemd restarts it) FAULT_AT_S in."""
     ALONE = "alone"
     """(Profiles, not compared) one job alone on a FIFO link: its standalone JCT."""
     ORDERS = "orders"
     """(A reference, asked for by name) every fixed priority order of a scenario of up to
     MAX_ORDER_JOBS jobs, each one run (StaticOrder)."""
 
+
+FAULTS = (Policy.CONTROLLER_KILLED, Policy.CONTROLLER_RESTARTED, Policy.AGENT_RESTARTED)
+FAULT_AT_S = 10.0
+FAULT_DOWN_S = 8.0
+"""A restarted controller's time down: within the agents' lease (15 s), as a supervisor
+restarts a crashed one."""
 
 MAX_ORDER_JOBS = 4
 """Scenarios with more jobs get no static orders (5 jobs: 120 orders)."""
@@ -128,7 +143,7 @@ class JobSpec:
     """synthetic, torch-gloo, torch-rpc, torch-ddp, horovod-ddp or tf-ps (Workload)."""
     ps_hosts: tuple[str, ...] = (PS_HOST,)
     """The hosts of its PS tasks (PS_HOSTS): with several, the model is sharded evenly over
-    them, and each worker waits for every shard (synthetic jobs)."""
+    them, and each worker waits for every shard (synthetic and TensorFlow jobs)."""
 
     @property
     def shards(self) -> int:
@@ -191,8 +206,8 @@ class Scenario:
         for job in self.jobs:
             if set(job.ps_hosts) - set(PS_HOSTS) or len(set(job.ps_hosts)) != job.shards:
                 raise ConfigError(f"scenario {self.key}: {job.name}'s PS hosts are of {PS_HOSTS}")
-            if job.shards > 1 and job.workload != "synthetic":
-                raise ConfigError(f"scenario {self.key}: only synthetic jobs are sharded")
+            if job.shards > 1 and job.workload not in ("synthetic", "tf-ps"):
+                raise ConfigError(f"scenario {self.key}: only synthetic and TF jobs are sharded")
 
     def scaled(self, factor: float) -> Scenario:
         """The same scenario with `factor` times the iterations (and arrival offsets)."""
@@ -345,6 +360,17 @@ SCENARIOS: dict[str, Scenario] = {
                 JobSpec("j4", 4 * MB, 2, 0.1, M_ITERATIONS, ps_hosts=(PS_HOST,)),
             ),
         ),
+        Scenario(
+            "m4",
+            "TensorFlow, 2 sharded jobs on 2 PS hosts",
+            "2 TensorFlow ParameterServerStrategy jobs x 2 workers, TF_CONFIG with a PS task on "
+            "ps and one on ps2 (the chief on ps), 8 MB of variables placed round-robin over "
+            "them, 150 ms compute.",
+            tuple(
+                replace(job, ps_hosts=SHARDED)
+                for job in _jobs(2, 8, 2, 0.15, M_ITERATIONS, "tf-ps")
+            ),
+        ),
         # Collective jobs: PyTorch DDP (gloo ring all-reduce), a rank on every shaped host.
         Scenario(
             "c1",
@@ -380,7 +406,7 @@ def select_policies(names: str) -> list[Policy]:
     if names == "all":
         return list(COMPARED)
     chosen = [name.strip() for name in names.split(",") if name.strip()]
-    valid = {p.value for p in (*COMPARED, Policy.ORDERS)}
+    valid = {p.value for p in (*COMPARED, *FAULTS, Policy.ORDERS)}
     unknown = [name for name in chosen if name not in valid]
     if unknown or not chosen:
         raise ConfigError(f"unknown policy {unknown or names!r}; choose from {sorted(valid)}")

@@ -19,6 +19,7 @@ restarting agent does not reshuffle the cluster) and is forgotten after it.
 from __future__ import annotations
 
 import secrets
+import statistics
 from collections import deque
 from collections.abc import Iterable, Mapping
 from dataclasses import dataclass, field
@@ -268,13 +269,21 @@ class Registry:
         return ends
 
     def demands(self) -> dict[str, float]:
-        """Per job, the largest demand any of its PS hosts reports (its busiest link)."""
-        demands: dict[str, float] = {}
+        """Per job, its demand summed over the hosts it has PS tasks or ranks on: the links'
+        time it takes from the cluster, which the cluster-wide order ranks, smallest first.
+        A job sharded over two PS hosts takes both links: ranked by its busiest host alone,
+        it went first on both and held back the two single-host jobs beside it (m2: every
+        policy worse than FIFO). A host that reports no demand for it yet counts as the
+        average of those that do (a sum over the reporting hosts alone would make a job
+        look small while it is being measured)."""
+        reported: dict[str, list[float]] = {}
+        hosts: dict[str, int] = {}
         for record in self.hosts.values():
-            for job, reported in record.jobs.items():
-                if reported.demand is not None:
-                    demands[job] = max(demands.get(job, 0.0), reported.demand)
-        return demands
+            for job, state in record.jobs.items():
+                hosts[job] = hosts.get(job, 0) + 1
+                if state.demand is not None:
+                    reported.setdefault(job, []).append(state.demand)
+        return {job: statistics.fmean(values) * hosts[job] for job, values in reported.items()}
 
     def iterative(self) -> set[str]:
         """Jobs some host measured iterations of (a period reported): their demand may not

@@ -12,7 +12,9 @@ interpreter with the checkout on PYTHONPATH.
 Every process gets TF_CONFIG naming the whole cluster (chief, ps, workers) and its own task,
 as TensorFlow's launchers write it; TensorLights finds the PS from its TF_CONFIG alone. This
 module imports only the standard library and TensorFlow; testbed/workloads.py launches it. The
-variables (a dense layer of --model-bytes of float32) live on the PS. Each iteration the chief
+variables (a dense layer of --model-bytes of float32) live on the PS; with several PS tasks in
+TF_CONFIG, as one variable per PS task (the strategy places them round-robin), so each PS
+holds and pushes an equal shard and a step waits for the last one. Each iteration the chief
 schedules one step per worker (ClusterCoordinator) and waits for all of them (a barrier, as
 synchronous PS training has): a step reads every variable from the PS (the PS's push, over
 gRPC), then takes its batch from a per-worker tf.data pipeline that sleeps --compute (the
@@ -56,9 +58,15 @@ def run_chief(args: argparse.Namespace) -> int:
     workers = len(resolver.cluster_spec().as_dict()["worker"])
     strategy = tf.distribute.ParameterServerStrategy(resolver)
     coordinator = tf.distribute.coordinator.ClusterCoordinator(strategy)
-    width = max(16, int((args.model_bytes / 4) ** 0.5))
+    # One variable per PS task: the strategy places variables round-robin over the PS tasks,
+    # so a TF_CONFIG with several `ps` entries shards the model evenly over them.
+    shards = len(resolver.cluster_spec().as_dict()["ps"])
+    width = max(16, int((args.model_bytes / 4 / shards) ** 0.5))
     with strategy.scope():
-        weights = tf.Variable(tf.random.normal([width, width], stddev=0.01), name="weights")
+        variables = [
+            tf.Variable(tf.random.normal([width, width], stddev=0.01), name=f"weights{i}")
+            for i in range(shards)
+        ]
     compute_us = int(args.compute * 1_000_000)
     # SleepDataset, a C++ op the worker runs (a py_function would need the chief's Python);
     # tf.data.experimental.sleep until TF 2.x, now only under this internal path.
@@ -75,14 +83,16 @@ def run_chief(args: argparse.Namespace) -> int:
 
     @tf.function  # type: ignore[untyped-decorator]
     def step(iterator: Any) -> Any:
-        current = weights.read_value()  # from the PS: its push
-        with tf.control_dependencies([current]):
-            had_at = tf.timestamp()
+        current = [v.read_value() for v in variables]  # from every PS: their pushes
+        with tf.control_dependencies(current):
+            had_at = tf.timestamp()  # once the last shard is in
             inputs, labels = next(iterator)  # the accelerator's step follows the read
-        with tf.GradientTape() as tape:  # on the copy read once: one push per step
+        with tf.GradientTape() as tape:  # on the copies read once: one push per step
             tape.watch(current)
-            loss = tf.reduce_mean(tf.square(tf.matmul(inputs, current) - labels))
-        weights.assign_sub(0.01 * tape.gradient(loss, current))  # SGD, on the PS
+            outputs = sum(tf.matmul(inputs, shard) for shard in current)
+            loss = tf.reduce_mean(tf.square(outputs - labels))
+        for variable, gradient in zip(variables, tape.gradient(loss, current), strict=True):
+            variable.assign_sub(0.01 * gradient)  # SGD, on each PS
         return had_at
 
     print(f"listening {resolver.cluster_spec().as_dict()['ps'][0].rpartition(':')[2]}", flush=True)
@@ -101,7 +111,7 @@ def run_chief(args: argparse.Namespace) -> int:
         "iterations": args.iterations,
         "listening_at": listening_at,
         "finished_at": finished_at,
-        "model_bytes": width * width * 4,
+        "model_bytes": width * width * 4 * shards,
         "errors": [],
         "received": received,
     }

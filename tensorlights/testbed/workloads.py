@@ -128,8 +128,8 @@ def start_workload(
     the returned job knows the id discovery gives it. A real framework's job holds its first
     iteration until `start_at` (CLOCK_MONOTONIC) and is not waited for here; the synthetic
     job starts at once and is waited for until its PS listens. With `more_ps_hosts` the
-    model is sharded over PS tasks on `ps_host` and those, each pushing its share (the
-    synthetic job only)."""
+    model is sharded over PS tasks on `ps_host` and those, each pushing its share (synthetic
+    and TensorFlow jobs)."""
     if workload is Workload.SYNTHETIC:
         ps_hosts = [ps_host, *more_ps_hosts]
         shards = [
@@ -145,10 +145,10 @@ def start_workload(
         )  # fmt: skip
         job.job = tf_job_id(tag, shape.workers, len(ps_hosts))
         return job
-    if more_ps_hosts:
-        raise ValueError(f"{workload}: only synthetic jobs are sharded over several PS hosts")
     if workload is Workload.TF_PS:
-        return start_tf_job(ps_host, worker_hosts, shape, start_at)
+        return start_tf_job([ps_host, *more_ps_hosts], worker_hosts, shape, start_at)
+    if more_ps_hosts:
+        raise ValueError(f"{workload}: only synthetic and TensorFlow jobs are sharded")
     transport = {Workload.TORCH_RPC: "rpc", Workload.TORCH_DDP: "ddp", Workload.HOROVOD_DDP: "ddp"}
     return start_torch_job(
         transport.get(workload, "gloo"), tag, ps_host, worker_hosts, shape, start_at,
@@ -234,14 +234,16 @@ def tf_python() -> str:
 
 
 def start_tf_job(
-    ps_host: Host, worker_hosts: Sequence[Host], shape: JobShape, start_at: float | None
+    ps_hosts: Sequence[Host], worker_hosts: Sequence[Host], shape: JobShape, start_at: float | None
 ) -> RunningJob:
-    """The PS and the chief on `ps_host`, workers round-robin over `worker_hosts`. Fresh
-    ports make each job's cluster spec, hence its id, its own."""
+    """A PS task on each of `ps_hosts` (the model sharded over them), the chief on the first,
+    workers round-robin over `worker_hosts`. Fresh ports make each job's cluster spec, hence
+    its id, its own."""
     python = tf_python()
+    ps_host = ps_hosts[0]
     cluster = {
         "chief": [f"{ps_host.ipv4}:{next(_tf_ports)}"],
-        "ps": [f"{ps_host.ipv4}:{next(_tf_ports)}"],
+        "ps": [f"{host.ipv4}:{next(_tf_ports)}" for host in ps_hosts],
         "worker": [
             f"{host.ipv4}:{next(_tf_ports)}" for host in round_robin(worker_hosts, shape.workers)
         ],
@@ -255,10 +257,13 @@ def start_tf_job(
         )
         for i, host in enumerate(round_robin(worker_hosts, shape.workers))
     ]  # fmt: skip
-    ps = subprocess.Popen(
-        ps_host.exec_args(*module, "server"), stdout=subprocess.DEVNULL,
-        env=clean_env({**env, **tf_config_env(cluster)}),
-    )  # fmt: skip
+    ps_servers = [
+        subprocess.Popen(
+            host.exec_args(*module, "server"), stdout=subprocess.DEVNULL,
+            env=clean_env({**env, **tf_config_env(cluster, "ps", i)}),
+        )
+        for i, host in enumerate(ps_hosts)
+    ]  # fmt: skip
     hold = [] if start_at is None else ["--start-at", repr(start_at)]
     chief = subprocess.Popen(
         ps_host.exec_args(*module, "chief", "--iterations", str(shape.iterations),
@@ -267,8 +272,10 @@ def start_tf_job(
         stdout=subprocess.PIPE, text=True,
         env=clean_env({**env, **tf_config_env(cluster, "chief")}),
     )  # fmt: skip
-    port = int(cluster["ps"][0].rpartition(":")[2])
-    return TfJob(chief, port, [ps, *servers], launcher_job_id(tf_config_env(cluster)))
+    ports = tuple(int(address.rpartition(":")[2]) for address in cluster["ps"])
+    job = TfJob(chief, ports[0], [*ps_servers, *servers], launcher_job_id(tf_config_env(cluster)))
+    job.ports = ports
+    return job
 
 
 class TfJob(RunningJob):

@@ -84,9 +84,9 @@ def test_every_static_order_runs_and_the_job_on_top_finishes_first(tmp_path: Pat
 
 
 def test_multi_host_scenario_shards_jobs_and_records_each_hosts_light(tmp_path: Path) -> None:
-    """m2 at a fifth of its size (16 iterations): a job sharded over two PS hosts and one on each, under FIFO on
-    both hosts, the prototype's TL-RR on each host (its own loop, phases apart) and the
-    agents on both hosts following the controller."""
+    """m2 at a fifth of its size (16 iterations): a job sharded over two PS hosts and one
+    on each, under FIFO on both hosts, the prototype's TL-RR on each host (its own loop,
+    phases apart) and the agents on both hosts following the controller."""
     out = tmp_path / "multi"
     args = [
         *BENCH, "run", "--scenarios", "m2", "--policies", "fifo,tl-rr-original,controller-pack",
@@ -115,3 +115,30 @@ def test_multi_host_scenario_shards_jobs_and_records_each_hosts_light(tmp_path: 
     assert set(by_policy["controller-pack"]["host_greens"]) == {"ps", "ps2"}
     report = (out / "report.md").read_text()
     assert "green on some PS hosts only" in report and (out / "timeline_m2.png").exists()
+
+
+def test_faults_during_a_coordinated_run_are_done_and_recorded(tmp_path: Path) -> None:
+    """m1 at 0.4 of its size: the controller killed 2 s in and back 3 s later, and the first
+    PS host's agent restarted 2 s in; the jobs finish, and what was done and how the agents
+    took it is in the trial and the report."""
+    out = tmp_path / "faults"
+    args = [
+        *BENCH, "run", "--scenarios", "m1", "--policies",
+        "controller-pack-restarted,controller-pack-agent-restarted", "--reps", "1",
+        "--scale", "0.4", "--fault-at", "2s", "--fault-down", "3s", "--out", str(out),
+        "--no-plots",
+    ]  # fmt: skip
+    result = subprocess.run(args, capture_output=True, text=True, timeout=300)
+    assert result.returncode == 0, result.stdout + result.stderr
+    trials = [json.loads(line) for line in (out / "trials.jsonl").read_text().splitlines()]
+    events = {t["policy"]: [what for _, what in t["events"]] for t in trials if t["events"]}
+    assert events["controller-pack-restarted"][:2] == [
+        "controller killed", "controller started again"
+    ]  # fmt: skip
+    assert events["controller-pack-agent-restarted"][:2] == [
+        "agent on ps restarting", "agent on ps following again"
+    ]  # fmt: skip
+    for trial in trials:
+        assert all(job["jct_s"] > 0 for job in trial["jobs"])
+    report = (out / "report.md").read_text()
+    assert "Faults during controller pack" in report and "controller started again" in report

@@ -125,7 +125,8 @@ def test_bound_is_below_every_serial_schedule_and_above_both_simple_bounds(
 
 def test_scenarios_cover_the_issue_and_scale() -> None:
     assert sorted(SCENARIOS) == [
-        *("a", "b", "c", "c1", "c2", "d", "e", "f", "m1", "m2", "m3", "r1", "r2", "r3", "r4")
+        *("a", "b", "c", "c1", "c2", "d", "e", "f", "m1", "m2", "m3", "m4"),
+        *("r1", "r2", "r3", "r4"),
     ]
     # The real frameworks' scenarios: RPC, overloaded gloo, mixed sizes, TensorFlow.
     assert {j.workload for j in SCENARIOS["r1"].jobs} == {"torch-rpc"}
@@ -146,7 +147,7 @@ def test_scenarios_cover_the_issue_and_scale() -> None:
 
 def test_selection_refuses_unknown_names() -> None:
     assert [s.key for s in select("a, c")] == ["a", "c"]
-    assert len(select("all")) == 15
+    assert len(select("all")) == 16
     assert select_policies("all") == list(COMPARED)
     with pytest.raises(ConfigError, match="unknown scenario"):
         select("z")
@@ -350,7 +351,7 @@ def test_multi_host_scenarios_shard_over_ps_hosts_and_shape_each() -> None:
     assert profile_key(j1).endswith("-2ps") and not profile_key(m3.jobs[3]).endswith("ps")
     with pytest.raises(ConfigError, match="PS hosts"):
         Scenario("x", "t", "d", (JobSpec("j", 1, 1, 0.1, 1, ps_hosts=("ps", "nowhere")),))
-    with pytest.raises(ConfigError, match="only synthetic"):
+    with pytest.raises(ConfigError, match="only synthetic and TF"):
         Scenario("x", "t", "d", (JobSpec("j", 1, 1, 0.1, 1, 0, "torch-gloo", ("ps", "ps2")),))
 
 
