@@ -392,8 +392,8 @@ def test_ports_sharing_a_hash_bucket_each_reach_their_own_jobs_band(
         server.wait()
 
 
-def tc_filter(ns: str, command: str) -> None:
-    netns.run(["tc", "-n", ns, "filter", *command.split()])
+def tc(ns: str, command: str) -> None:
+    netns.run(["tc", "-n", ns, *command.split()])
 
 
 def test_a_previous_versions_filters_are_migrated_in_one_apply(
@@ -403,37 +403,22 @@ def test_a_previous_versions_filters_are_migrated_in_one_apply(
     job tables among them one on 7fe:, the IPv4 port table's id): one apply converges, and
     the port's stream lands in its band."""
     ns = pair.a.ns
-    netns.run(
-        [
-            "tc",
-            "-n",
-            ns,
-            "qdisc",
-            "add",
-            "dev",
-            "veth-a",
-            "root",
-            "handle",
-            "7a1:",
-            "htb",
-            "default",
-            "2",
-        ]
-    )
-    tc_filter(ns, "add dev veth-a parent 7a1: prio 10 handle 7fe: protocol ip u32 divisor 1")
-    tc_filter(ns, "add dev veth-a parent 7a1: prio 10 handle 12: protocol ip u32 divisor 1")
+    tc(ns, "qdisc add dev veth-a root handle 7a1: htb default 2")
+    tc(ns, "filter add dev veth-a parent 7a1: prio 10 handle 7fe: protocol ip u32 divisor 1")
+    tc(ns, "filter add dev veth-a parent 7a1: prio 10 handle 12: protocol ip u32 divisor 1")
     for table, band in (("7fe", 1), ("12", 0)):
-        tc_filter(
+        tc(
             ns,
-            f"add dev veth-a parent 7a1: prio 10 handle {table}::1 protocol ip u32 ht {table}: "
-            f"match u32 0 0 flowid 7a1:{0x10 + band:x}",
+            f"filter add dev veth-a parent 7a1: prio 10 handle {table}::1 protocol ip u32 "
+            f"ht {table}: match u32 0 0 flowid 7a1:{0x10 + band:x}",
         )
     for node, (port, table) in enumerate(((5001, "12"), (5002, "7fe")), start=1):
         for prio, proto, match in ((10, "ip", "ip"), (11, "ipv6", "ip6")):
-            tc_filter(
+            tc(
                 ns,
-                f"add dev veth-a parent 7a1: prio {prio} handle ::{node} protocol {proto} u32 "
-                f"match {match} protocol 6 0xff match {match} sport {port} 0xffff link {table}:",
+                f"filter add dev veth-a parent 7a1: prio {prio} handle ::{node} protocol {proto} "
+                f"u32 match {match} protocol 6 0xff match {match} sport {port} 0xffff "
+                f"link {table}:",
             )
     result = datapath.apply(two_jobs("job-b"))
     assert result.took_over is None
