@@ -41,6 +41,21 @@ class HostRotationView:
     """(job, Unix seconds) of the next changes."""
 
 
+def _fewest_hosts_first(
+    order: Sequence[str], membership: Mapping[str, frozenset[str]], seen: Collection[str]
+) -> list[str]:
+    """`order` with the jobs nothing was measured of yet (not in `seen`: no demand, no
+    iteration) reordered among their own places by how many hosts they span, fewest first
+    (stable). Before measurements, that is all that tells what a job takes: the cluster-wide
+    order ranks by demand summed over a job's hosts (Registry.demands), and a job sharded
+    over two PS hosts takes two links where a single-host job beside it takes one; put
+    first by arrival, it held both single-host jobs back until it ended (m2). Once a job
+    iterates, it keeps its place until its demand is trusted."""
+    fresh = [job for job in order if job not in seen]
+    ranked = iter(sorted(fresh, key=lambda job: len(membership[job])))
+    return [next(ranked) if job not in seen else job for job in order]
+
+
 class Planner:
     def __init__(
         self,
@@ -81,6 +96,7 @@ class Planner:
             known += [job for job in arrival if job in membership and job not in known]
             known += sorted(set(membership) - set(known))
             demands = demands or {}
+            known = _fewest_hosts_first(known, membership, demands.keys() | set(iterative))
             holding = frozenset(iterative) & frozenset(membership) - demands.keys()
             ranking = tuple(pack_order(known, demands, {}, end_times, holding))
         if (

@@ -120,35 +120,45 @@ def test_pack_planner_gives_every_host_one_cluster_wide_order_by_demand() -> Non
         )
         registry.report(HostReport(sessions[host], seq, jobs, (), "plan", ""), now=1)
 
-    # x spans a and b; y only on a, z only on b. Nothing measured yet: arrival order.
+    # x spans a and b; y only on a, z only on b. Nothing measured yet: a job on fewer hosts
+    # takes fewer links, so y and z go before x, who came first.
     report("a", 1, {"x": None, "y": None})
     report("b", 1, {"x": None, "z": None})
     planner = Planner(slot_s=2.0, lease_s=10.0, incarnation=1, policy="pack")
 
-    def update() -> set[str]:
+    def update(iterative: set[str] = set()) -> set[str]:  # noqa: B006 (read only)
         return planner.update(
             registry.membership(), set(registry.hosts), registry.demands(),
-            registry.arrival_order(),
+            registry.arrival_order(), None, iterative,
         )  # fmt: skip
 
     assert update() == {"a", "b"}
     assert registry.arrival_order() == ["x", "y", "z"]
-    assert planner.plan_for("a").slots == (("x", "y"),)
-    assert planner.plan_for("b").slots == (("x", "z"),)
-    assert planner.schedule.share("x") == 1.0 and planner.schedule.share("y") == 0.0
-    # Measured: y and z need little of their link, x much of two: y and z go first.
+    assert planner.plan_for("a").slots == (("y", "x"),)
+    assert planner.plan_for("b").slots == (("z", "x"),)
+    assert planner.schedule.share("x") == 0.0 and planner.schedule.share("y") == 1.0
+    # Once iterating, jobs keep their places (here: as they stand) until measured.
+    assert update({"x", "y", "z"}) == set()
+    # Measured: x much of two links, y and z little of theirs: y and z stay first.
     version = registry.version
     report("a", 2, {"x": 0.5, "y": 0.1})
     assert registry.demands() == {"x": 1.0, "y": 0.1}  # b's share counted as a's until known
     report("b", 2, {"x": 0.8, "z": 0.2})
     assert registry.version > version and registry.demands()["x"] == pytest.approx(1.3)
-    assert update() == {"a", "b"}
+    assert update() == set()  # the same order: no new plans
     assert planner.plan_for("a").slots == (("y", "x"),)
     assert planner.plan_for("b").slots == (("z", "x"),)
     # Noise within 10% triggers no replan; within x1.3 it would not reorder anyway.
     version = registry.version
     report("a", 3, {"x": 0.52, "y": 0.105})
     assert registry.version == version and update() == set()
+    # x turns out to take little of either link (0.1 summed), y much of its one: x first
+    # where they meet; z (0.2) stays ahead of x on b.
+    report("a", 4, {"x": 0.05, "y": 0.6})
+    report("b", 4, {"x": 0.05, "z": 0.2})
+    assert update() == {"a", "b"}
+    assert planner.plan_for("a").slots == (("x", "y"),)
+    assert planner.plan_for("b").slots == (("x", "z"),)
 
 
 def test_pack_planner_keeps_an_iterating_job_in_place_until_its_demand_is_trusted() -> None:
