@@ -149,9 +149,14 @@ class Registry:
         if current is not None:
             self._sessions.pop(current.session, None)
         record = HostRecord(registration, secrets.token_hex(16), now)
-        if current is not None and current.registration.incarnation == registration.incarnation:
-            record.jobs = current.jobs  # the same agent reconnecting keeps what it reported
-            record.recent = current.recent
+        if current is not None:
+            # The same agent reconnecting keeps what it reported. A restarted one too, until
+            # its first report: the jobs outlive their agent, and a job on this host alone
+            # that dropped out of the cluster-wide order meanwhile rejoined it at the end
+            # (m2: a single-host job put behind a sharded one for the rest of its run).
+            record.jobs = current.jobs
+            if current.registration.incarnation == registration.incarnation:
+                record.recent = current.recent
         self.hosts[registration.host] = record
         self._sessions[record.session] = registration.host
         self.version += 1

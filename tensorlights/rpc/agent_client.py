@@ -11,6 +11,7 @@ plan's lease ends, then its local policy decides (see policy/schedule.PlanFollow
 from __future__ import annotations
 
 import logging
+import random
 import threading
 import time
 from collections.abc import Callable
@@ -42,7 +43,13 @@ log = logging.getLogger("tensorlights.agent.link")
 
 RPC_TIMEOUT_S = 5.0
 BACKOFF_FIRST_S = 0.5
-BACKOFF_MAX_S = 10.0
+BACKOFF_MAX_S = 3.0
+"""Retries of an unreachable controller double up to this, each wait shortened by a random
+jitter of up to half (many agents do not retry in step). Short enough that an agent is back
+within seconds of a restarted controller, inside its plan's lease (15 s by default): with
+10 s, agents whose controller was back after 8 s fell back to their own policy 2.7 s later
+and followed it again only 8.3 s after it was back (benchmark m2, controller restarted).
+A refused connection costs the controller almost nothing."""
 MAX_PENDING_ROTATIONS = 256
 
 
@@ -123,7 +130,7 @@ class ControllerLink:
         backoff = 0.0
         while not self._stop.is_set():
             if backoff:
-                self._stop.wait(backoff)
+                self._stop.wait(backoff * random.uniform(0.5, 1.0))
             try:
                 with grpc.secure_channel(
                     self.address, self._credentials, channel_options(self.server_name)

@@ -60,9 +60,12 @@ def test_sessions_replays_and_reconnects() -> None:
     assert registry.membership() == {"j": frozenset({"a"})}
     with pytest.raises(UnknownSession):
         registry.report(rep(first.session, 5, "j"), now=4)
-    # A restarted agent (higher incarnation) starts empty.
-    registry.register(reg("a", incarnation=11), now=5)
-    assert registry.membership() == {}
+    # A restarted agent (higher incarnation): the jobs outlive it, so what the old one
+    # reported stands until the new one's first report replaces it.
+    restarted = registry.register(reg("a", incarnation=11), now=5)
+    assert registry.membership() == {"j": frozenset({"a"})}
+    registry.report(rep(restarted.session, 1, "k"), now=6)
+    assert registry.membership() == {"k": frozenset({"a"})}
     assert again.session != first.session
 
 
