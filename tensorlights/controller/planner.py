@@ -44,13 +44,15 @@ class HostRotationView:
 def _fewest_hosts_first(
     order: Sequence[str], membership: Mapping[str, frozenset[str]], seen: Collection[str]
 ) -> list[str]:
-    """`order` with the jobs nothing was measured of yet (not in `seen`: no demand, no
-    iteration) reordered among their own places by how many hosts they span, fewest first
-    (stable). Before measurements, that is all that tells what a job takes: the cluster-wide
-    order ranks by demand summed over a job's hosts (Registry.demands), and a job sharded
-    over two PS hosts takes two links where a single-host job beside it takes one; put
-    first by arrival, it held both single-host jobs back until it ended (m2). Once a job
-    iterates, it keeps its place until its demand is trusted."""
+    """`order` with the jobs not placed yet (not in `seen`: no trusted demand, and not
+    iterating in a place this planner gave it) reordered among their own places by how
+    many hosts they span, fewest first (stable). Before measurements, that is all that tells
+    what a job takes: the cluster-wide order ranks by demand summed over a job's hosts
+    (Registry.demands), and a job sharded over two PS hosts takes two links where a
+    single-host job beside it takes one; put first by arrival, it held both single-host jobs
+    back until it ended (m2). Once a job iterates in its place, it keeps it until its
+    demand is trusted. A restarted controller places every job anew: by arrival (the order
+    its agents' reports came in) it put the sharded job back ahead of the two."""
     fresh = [job for job in order if job not in seen]
     ranked = iter(sorted(fresh, key=lambda job: len(membership[job])))
     return [next(ranked) if job not in seen else job for job in order]
@@ -96,8 +98,12 @@ class Planner:
             known += [job for job in arrival if job in membership and job not in known]
             known += sorted(set(membership) - set(known))
             demands = demands or {}
-            known = _fewest_hosts_first(known, membership, demands.keys() | set(iterative))
-            holding = frozenset(iterative) & frozenset(membership) - demands.keys()
+            # "Its place": one this planner gave it. A restarted controller places every
+            # job anew (holding them at their arrival in its registry put a sharded job back
+            # ahead of the two single-host jobs beside it).
+            placed = set(self._ranking) & set(iterative)
+            known = _fewest_hosts_first(known, membership, demands.keys() | placed)
+            holding = frozenset(placed) & frozenset(membership) - demands.keys()
             ranking = tuple(pack_order(known, demands, {}, end_times, holding))
         if (
             membership == self._membership

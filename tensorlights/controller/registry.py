@@ -127,6 +127,7 @@ class Registry:
         """Grows whenever membership (job -> PS hosts), or a job's demand, may have changed."""
         self._arrival: dict[str, int] = {}
         self._arrivals = 0
+        self._iterated: set[str] = set()
         self._vouchers: dict[str, tuple[Voucher, ...]] | None = None
         """Host -> what the sources vouch for there; rebuilt after a source changes."""
 
@@ -291,14 +292,19 @@ class Registry:
         return {job: statistics.fmean(values) * hosts[job] for job, values in reported.items()}
 
     def iterative(self) -> set[str]:
-        """Jobs some host measured iterations of (a period reported): their demand may not
-        be trusted yet, but they are training jobs, not bulk traffic."""
-        return {
+        """Jobs some host measured iterations of (a period reported), now or since they
+        appeared (as of the last `membership()`): their demand may not be trusted yet, but
+        they are training jobs, not bulk traffic. Remembered, because a restarted agent
+        reports its jobs unmeasured at first: a job on its host alone then read as bulk
+        traffic and went behind every other one."""
+        self._iterated |= {
             job
             for record in self.hosts.values()
             for job, reported in record.jobs.items()
             if reported.period_s is not None
         }
+        self._iterated &= self._arrival.keys()
+        return set(self._iterated)
 
     def jobs(self) -> list[JobView]:
         membership = self.membership()

@@ -194,9 +194,14 @@ def test_pack_planner_keeps_an_iterating_job_in_place_until_its_demand_is_truste
     # x trusted too, clearly smaller: it stays first; y's larger demand keeps it second.
     report(3, {"x": (0.5, 0.2), "y": (0.5, 0.6)})
     assert order() == ("x", "y")
-    # Without a period (bulk traffic, not a training job) an untrusted job goes behind.
+    # x's measurements gone (its agent restarted): a job seen iterating keeps its place.
     report(4, {"x": (None, None), "y": (0.5, 0.6)})
-    assert order() == ("y", "x")
+    assert order() == ("x", "y")
+    # A job never seen iterating (bulk traffic, not a training job) goes behind.
+    report(5, {"x": (None, None), "y": (0.5, 0.6), "z": (None, None)})
+    assert order() == ("x", "y", "z")
+    report(6, {"x": (None, None), "z": (None, None)})  # y ends; z is still no training job
+    assert order() == ("x", "z")
 
 
 def test_wire_checks_refuse_bad_input() -> None:
@@ -368,3 +373,25 @@ def test_vouchers_say_per_host_what_the_sources_vouch_for() -> None:
 def test_vouchers_from_the_wire_are_checked(voucher: pb.Voucher, message: str) -> None:
     with pytest.raises(InvalidMessage, match=message):
         convert.vouchers(pb.ReportReply(seq=1, vouchers=[voucher]))
+
+
+def test_a_restarted_controller_places_jobs_it_never_placed_fewest_hosts_first() -> None:
+    """All jobs iterate already (the agents kept following the old plan), only the
+    single-host ones are trusted: the sharded x, first in the new registry's arrival
+    order, does not go back ahead of them."""
+    registry = Registry()
+    sessions = {h: registry.register(reg(h), now=0).session for h in ("a", "b")}
+    for host, single in (("a", "y"), ("b", "z")):
+        jobs = (
+            ReportedJob("x", frozenset({1000}), 1, 1, period_s=0.3),
+            ReportedJob(single, frozenset({1001}), 1, 1, period_s=0.3, demand=0.7),
+        )
+        registry.report(HostReport(sessions[host], 1, jobs, (), "plan", ""), now=1)
+    planner = Planner(slot_s=2.0, lease_s=10.0, incarnation=2, policy="pack")
+    planner.update(
+        registry.membership(), set(registry.hosts), registry.demands(),
+        registry.arrival_order(), None, registry.iterative(),
+    )  # fmt: skip
+    assert registry.arrival_order()[0] == "x"
+    assert planner.plan_for("a").slots == (("y", "x"),)
+    assert planner.plan_for("b").slots == (("z", "x"),)
