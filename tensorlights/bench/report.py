@@ -343,12 +343,11 @@ def _timeline(plt: Any, summary: ScenarioSummary, trials: Sequence[Trial], out: 
     """Per policy with a light on several hosts (its first repetition): each host's green job
     over time, one colour per job, each job's lifetime drawn below. '' if none has one."""
     key = summary.scenario.key
-    runs = [
-        next(t for t in trials if t.scenario == key and t.policy == p.policy and t.rep == rep)
-        for p in summary.policies
-        if (rep := min((t.rep for t in trials if t.scenario == key and t.policy == p.policy
-                        and t.host_greens), default=None)) is not None
-    ]  # fmt: skip
+    runs = []
+    for p in summary.policies:
+        lit = [t for t in trials if t.scenario == key and t.policy == p.policy and t.host_greens]
+        if lit:
+            runs.append(min(lit, key=lambda t: t.rep))
     if not runs:
         return ""
     jobs = [j.name for j in summary.scenario.jobs]

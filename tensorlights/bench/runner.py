@@ -563,13 +563,6 @@ def make_driver(
         return trees[0] if len(trees) == 1 else EveryHost(trees, trees[0])
     controller = None
     agent_policy = policy.value
-    if policy in FAULTS:
-        controller = ControllerOnHost(cluster, workdir / "controller", "pack", shaped, options)
-        agents = [
-            AgentOnHost(cluster, workdir / name, "pack", options, name, controller=controller)
-            for name in shaped
-        ]
-        return Faulted(policy, controller, agents, options)
     if policy in CONTROLLED:
         agent_policy = CONTROLLED[policy]  # also what each agent falls back to
         controller = ControllerOnHost(
@@ -587,13 +580,19 @@ def make_driver(
         )
         for name in shaped
     ]
+    if controller is not None and policy in FAULTS:
+        return Faulted(policy, controller, agents, options)
     if controller is None and len(agents) == 1:
         return agents[0]
     return EveryHost([*([controller] if controller else []), *agents], agents[0])
 
 
-CONTROLLED = {Policy.CONTROLLER_PACK: "pack", Policy.CONTROLLER_ROTATE: "rotate"}
-"""The controller's policies, by its --policy."""
+CONTROLLED = {
+    Policy.CONTROLLER_PACK: "pack",
+    Policy.CONTROLLER_ROTATE: "rotate",
+    **dict.fromkeys(FAULTS, "pack"),
+}
+"""The controller's policies, by its --policy (the fault runs are controller-pack's)."""
 
 
 def _tx_bytes(namespaces: Sequence[str]) -> int:

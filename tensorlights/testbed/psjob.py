@@ -186,9 +186,11 @@ class RunningJob:
 
 def _merged(summaries: list[dict[str, Any] | None]) -> dict[str, Any] | None:
     """A sharded job's summary: from its first shard's start to its last shard's end."""
-    if len(summaries) == 1 or any(summary is None for summary in summaries):
-        return summaries[0] if len(summaries) == 1 else None
+    if len(summaries) == 1:
+        return summaries[0]
     present = [summary for summary in summaries if summary is not None]
+    if len(present) < len(summaries):
+        return None  # a shard that printed nothing: the job failed
     ends = [summary["finished_at"] for summary in present]
     return {
         "iterations": min(summary["iterations"] for summary in present),
