@@ -94,16 +94,25 @@ class Planner:
             # demand is not trusted yet (agents report only what pack would order by) keeps
             # its place, as on an agent: put behind, it would come back once measured, and
             # the light would move twice.
-            known = [job for job in self._ranking if job in membership]
-            known += [job for job in arrival if job in membership and job not in known]
-            known += sorted(set(membership) - set(known))
             demands = demands or {}
             # "Its place": one this planner gave it. A restarted controller places every
             # job anew (holding them at their arrival in its registry put a sharded job back
             # ahead of the two single-host jobs beside it).
             placed = set(self._ranking) & set(iterative)
-            known = _fewest_hosts_first(known, membership, demands.keys() | placed)
             holding = frozenset(placed) & frozenset(membership) - demands.keys()
+            known = [job for job in self._ranking if job in membership]
+            fresh = [job for job in arrival if job in membership and job not in known]
+            fresh += sorted(set(membership) - set(known) - set(fresh))
+            # A newcomer already measured (only a restarted controller meets one: its
+            # agents report jobs measured under the old plan, one host at a time) joins
+            # ahead of the jobs holding their place: holding keeps an unmeasured job from
+            # moving twice, not ahead of a measured one (appended behind a sharded job placed
+            # on the first host's report, a single-host job waited 8 s on the second, m2).
+            cut = next((i for i, job in enumerate(known) if job in holding), len(known))
+            measured = [job for job in fresh if job in demands]
+            known[cut:cut] = measured
+            known += [job for job in fresh if job not in demands]
+            known = _fewest_hosts_first(known, membership, demands.keys() | placed)
             ranking = tuple(pack_order(known, demands, {}, end_times, holding))
         if (
             membership == self._membership

@@ -395,3 +395,30 @@ def test_a_restarted_controller_places_jobs_it_never_placed_fewest_hosts_first()
     assert registry.arrival_order()[0] == "x"
     assert planner.plan_for("a").slots == (("y", "x"),)
     assert planner.plan_for("b").slots == (("z", "x"),)
+
+
+def test_a_restarted_controller_learning_hosts_one_report_at_a_time_keeps_them_ahead() -> None:
+    """The agents' reports reach a restarted controller one by one and it plans after each.
+    Once a's report placed the sharded x behind y, x iterates in a place this planner gave
+    it and holds it unmeasured; z, measured on b, reported a moment later, is not appended
+    behind x (seen in m2: x green on b for 8 s until it was measured there)."""
+    registry = Registry()
+    planner = Planner(slot_s=2.0, lease_s=10.0, incarnation=2, policy="pack")
+
+    def replan() -> None:
+        planner.update(
+            registry.membership(), set(registry.hosts), registry.demands(),
+            registry.arrival_order(), None, registry.iterative(),
+        )  # fmt: skip
+
+    for now, (host, single) in enumerate((("a", "y"), ("b", "z"))):
+        session = registry.register(reg(host), now=now).session
+        replan()
+        jobs = (
+            ReportedJob("x", frozenset({1000}), 1, 1, period_s=0.3),
+            ReportedJob(single, frozenset({1001}), 1, 1, period_s=0.3, demand=0.7),
+        )
+        registry.report(HostReport(session, 1, jobs, (), "plan", ""), now=now + 0.5)
+        replan()
+        assert planner.plan_for(host).slots == ((single, "x"),)
+    assert planner.plan_for("a").slots == (("y", "x"),)
