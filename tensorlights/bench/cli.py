@@ -78,6 +78,11 @@ def main() -> None:
     help="How long the controller stays down in controller-pack-restarted.",
 )  # fmt: skip
 @click.option(
+    "--device", default="cpu", show_default=True, type=click.Choice(["cpu", "cuda"]),
+    help="Where the real PyTorch jobs' workers run their model: cuda puts the forward and "
+    "backward on the GPU (each scenario's compute time still pads the step).",
+)  # fmt: skip
+@click.option(
     "--scale", type=float, default=1.0, show_default=True,
     help="Multiply every job's iterations and arrival offsets (0.2 for a quick look).",
 )  # fmt: skip
@@ -97,6 +102,7 @@ def run(
     starvation_window: str,
     fault_at: str,
     fault_down: str,
+    device: str,
     scale: float,
     out: Path,
     no_plots: bool,
@@ -112,6 +118,7 @@ def run(
         options = RunOptions(
             parse_rate(rate), interval, parse_duration(original_interval), starvation_window,
             fault_at_s=parse_duration(fault_at), fault_down_s=parse_duration(fault_down),
+            device=device,
         )  # fmt: skip
     except ConfigError as exc:
         raise click.UsageError(str(exc)) from None
@@ -129,6 +136,7 @@ def run(
         "starvation_window": starvation_window,
         "fault_at_s": options.fault_at_s,
         "fault_down_s": options.fault_down_s,
+        "device": options.device,
         "machine": f"{platform.node()}, {os.cpu_count()} CPUs, Linux {platform.release()}",
     }
     out.mkdir(parents=True, exist_ok=True)
@@ -229,10 +237,10 @@ def _resume(out: Path, meta: dict[str, Any]) -> set[tuple[str, str, int]]:
         old = json.loads(meta_path.read_text())
         settings = (
             "rate_bps", "scale", "interval", "original_interval_s", "starvation_window",
-            "fault_at_s", "fault_down_s",
+            "fault_at_s", "fault_down_s", "device",
         )  # fmt: skip
-        # Folders from before the fault runs: their (unused) fault settings were the defaults.
-        defaults = {"fault_at_s": FAULT_AT_S, "fault_down_s": FAULT_DOWN_S}
+        # Folders from before these settings: theirs were the defaults.
+        defaults = {"fault_at_s": FAULT_AT_S, "fault_down_s": FAULT_DOWN_S, "device": "cpu"}
         if any(old.get(k, defaults.get(k)) != meta[k] for k in settings):
             raise click.ClickException(
                 f"{out} holds runs with other settings ({ {k: old.get(k) for k in settings} }): "

@@ -197,6 +197,11 @@ def scenario_section(
 def markdown(
     summaries: Sequence[ScenarioSummary], meta: dict[str, Any], plots: dict[str, str]
 ) -> str:
+    gpu_note = (
+        "PyTorch workers compute on the GPU (--device cuda; the compute time pads each step). "
+        if meta.get("device", "cpu") != "cpu"
+        else ""
+    )
     lines = [
         "# TensorLights benchmark",
         "",
@@ -209,7 +214,8 @@ def markdown(
         f"Agent rotation slot {meta['interval']}; the original prototype rebuilds its qdisc "
         f"every {meta['original_interval_s']:g} s. Policy pack: max slowdown 2 over a "
         f"{meta.get('starvation_window', '120s')} window. Machine: {meta.get('machine', '?')}. "
-        "Light moves: how often the green light passed to another job (median; the agent's "
+        + gpu_note
+        + "Light moves: how often the green light passed to another job (median; the agent's "
         "applied rotations, the prototype's rebuilds; — for policies without a light or runs "
         "recorded before moves were).",
         "",

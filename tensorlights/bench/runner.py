@@ -85,6 +85,8 @@ class RunOptions:
     """A fault run's fault, this long after the jobs' start..."""
     fault_down_s: float = FAULT_DOWN_S
     """...and how long a restarted controller stays down."""
+    device: str = "cpu"
+    """Where the real PyTorch jobs' workers compute (cuda: on a GPU)."""
 
 
 class Driver(Protocol):
@@ -648,7 +650,10 @@ def run_trial(
                 spec = jobs[index]
                 tag = f"{scenario}-{spec.name}-{policy.value}-{rep}-{cluster.run_id}"
                 early = workloads[index].start_up_s > 0
-                shape = JobShape(spec.workers, spec.model_bytes, spec.iterations, spec.compute_s)
+                shape = JobShape(
+                    spec.workers, spec.model_bytes, spec.iterations, spec.compute_s,
+                    options.device,
+                )  # fmt: skip
                 ps_hosts = [cluster.hosts[name] for name in spec.ps_hosts]
                 running[index] = start_workload(
                     workloads[index], tag, ps_hosts[0], workers, shape,

@@ -30,7 +30,12 @@ their gradient back. Two transports:
 --compute S stands for an accelerator's step: the worker runs the real forward and backward,
 then waits out the rest of S (a GPU host's CPU idles while its GPU computes; on two shared
 cores, CPU-bound compute would make the jobs contend for the CPU, not for the link). Without
-it the step takes what the CPU takes.
+it the step takes what the CPU takes. --device cuda runs the model on the GPU: the
+parameters go to it, the gradient comes back to the CPU for gloo or RPC (the PS keeps its
+copy on the CPU), as a PS job's GPU workers do; DDP ranks keep model and buckets on the GPU
+(gloo all-reduces CUDA tensors through host memory). Each worker's log then also holds how
+long each real pass took ("passes", seconds, the GPU synchronised; DDP: the forward, as
+its backward overlaps the all-reduce).
 
 Same outputs as the synthetic job (tensorlights.testbed.psjob): the PS prints "listening PORT"
 once the group is up and a JSON summary (listening_at, finished_at) at the end; each worker
@@ -87,18 +92,25 @@ def hidden_for(target_bytes: int) -> int:
     return hidden
 
 
+_passes: list[float] = []
+"""A worker's real forward-and-backward times (seconds; the GPU synchronised)."""
+
+
 def _gradient(model: Any, flat: Any, batch: int, hidden: int, compute_s: float) -> Any:
-    """One real forward and backward pass at `flat`; then the rest of `compute_s` waited out."""
+    """One real forward and backward pass at `flat` on the model's device; the gradient on
+    the CPU; then the rest of `compute_s` waited out."""
     import torch
 
     began = time.monotonic()
-    torch.nn.utils.vector_to_parameters(flat, model.parameters())
+    device = next(model.parameters()).device
+    torch.nn.utils.vector_to_parameters(flat.to(device), model.parameters())
     model.zero_grad()
-    inputs = torch.randn(batch, hidden)
-    labels = torch.randint(0, 10, (batch,))
+    inputs = torch.randn(batch, hidden, device=device)
+    labels = torch.randint(0, 10, (batch,), device=device)
     loss = torch.nn.functional.cross_entropy(model(inputs), labels)
     loss.backward()  # type: ignore[no-untyped-call]
-    grad = torch.cat([p.grad.reshape(-1) for p in model.parameters()])
+    grad = torch.cat([p.grad.reshape(-1) for p in model.parameters()]).cpu()  # synchronises
+    _passes.append(time.monotonic() - began)
     rest = compute_s - (time.monotonic() - began)
     if rest > 0:
         time.sleep(rest)
@@ -201,7 +213,7 @@ def run_ddp(args: argparse.Namespace) -> int:
     from torch.nn.parallel import DistributedDataParallel
 
     _init_gloo(args, args.rank)
-    model = DistributedDataParallel(_model(args.hidden))
+    model = DistributedDataParallel(_model(args.hidden).to(args.device))
     optimizer = torch.optim.SGD(model.parameters(), lr=args.lr)
     if args.rank == 0:
         print(f"listening {args.master.rpartition(':')[2]}", flush=True)
@@ -209,15 +221,17 @@ def run_ddp(args: argparse.Namespace) -> int:
     reduced: list[float] = []
     for _ in range(args.iterations):
         began = time.monotonic()
-        inputs = torch.randn(args.batch, args.hidden)
-        labels = torch.randint(0, 10, (args.batch,))
+        inputs = torch.randn(args.batch, args.hidden, device=args.device)
+        labels = torch.randint(0, 10, (args.batch,), device=args.device)
         loss = torch.nn.functional.cross_entropy(model(inputs), labels)
+        loss.item()  # the forward done (on a GPU: synchronised)
+        _passes.append(time.monotonic() - began)
         time.sleep(max(0.0, args.compute - (time.monotonic() - began)))
         loss.backward()  # type: ignore[no-untyped-call]
         reduced.append(time.monotonic())  # every rank's gradients averaged here
         optimizer.step()
         optimizer.zero_grad()
-    print(json.dumps({"received": reduced}), flush=True)
+    print(json.dumps({"received": reduced, "passes": _passes}), flush=True)
     if args.rank == 0:
         print(_summary(args, listening_at, reduced[-1] if reduced else None), flush=True)
     dist.destroy_process_group()
@@ -238,22 +252,22 @@ def _shutdown(args: argparse.Namespace) -> None:
 def run_worker(args: argparse.Namespace) -> int:
     import torch
 
-    model = _model(args.hidden)
+    model = _model(args.hidden).to(args.device)
     if args.transport == "rpc":
         _worker.update(model=model, batch=args.batch, hidden=args.hidden, compute=args.compute)
         _init_rpc(args, args.rank)
         _shutdown(args)  # serves the PS's calls until every rank is done
-        print(json.dumps({"received": _received}), flush=True)
+        print(json.dumps({"received": _received, "passes": _passes}), flush=True)
         return 0
     import torch.distributed as dist
 
     _init_gloo(args, args.rank)
-    flat = torch.nn.utils.parameters_to_vector(model.parameters()).detach().clone()
+    flat = torch.nn.utils.parameters_to_vector(model.parameters()).detach().cpu().clone()
     for _ in range(args.iterations):
         dist.recv(flat, src=0)
         _received.append(time.monotonic())
         dist.send(_gradient(model, flat, args.batch, args.hidden, args.compute), dst=0)
-    print(json.dumps({"received": _received}), flush=True)
+    print(json.dumps({"received": _received, "passes": _passes}), flush=True)
     _shutdown(args)
     return 0
 
@@ -299,6 +313,10 @@ def main(argv: list[str] | None = None) -> int:
             "--compute", type=float, default=0.0, metavar="S",
             help="an accelerator's step time: the real pass, then the rest of S waited out",
         )  # fmt: skip
+        worker.add_argument(
+            "--device", default="cpu", metavar="DEV",
+            help="where the model computes: cpu, or cuda (cuda:N) for the real pass on a GPU",
+        )  # fmt: skip
         worker.set_defaults(**defaults)
     args = parser.parse_args(argv)
     missing = [
@@ -309,11 +327,14 @@ def main(argv: list[str] | None = None) -> int:
         parser.error(f"{', '.join(missing)} required (or torchrun's variables)")
     os.environ["GLOO_SOCKET_IFNAME"] = os.environ["TP_SOCKET_IFNAME"] = args.ifname
     try:
-        import torch  # noqa: F401
+        import torch
     except ImportError:
         print(
             "PyTorch is not installed: pip install -e '.[torch]' (torch==2.13.0)", file=sys.stderr
         )
+        return 2
+    if getattr(args, "device", "cpu").startswith("cuda") and not torch.cuda.is_available():
+        print(f"--device {args.device}: this PyTorch sees no CUDA device", file=sys.stderr)
         return 2
     return {"ps": run_ps, "worker": run_worker, "ddp": run_ddp}[args.role](args)
 

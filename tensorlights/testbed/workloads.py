@@ -44,8 +44,10 @@ from tensorlights.testbed.socket_holder import clean_env
 from tensorlights.testbed.torchjob import hidden_for
 
 TORCH_MODULE = [sys.executable, "-m", "tensorlights.testbed.torchjob"]
-TORCH_BATCH = 32
-"""Samples per real forward/backward pass; --compute pads the step to the asked time."""
+TORCH_BATCH = {"cpu": 32, "cuda": 16384}
+"""Samples per real forward/backward pass on each device; --compute pads the step to the
+asked time. On a GPU, enough to make the pass the GPU's work (an 8 MB model: a few ms on an
+H100, the workers of a scenario sharing it), not the launch of its kernels."""
 _master_ports = itertools.count(29500)
 
 
@@ -77,6 +79,8 @@ class JobShape:
     model_bytes: int
     iterations: int
     compute_s: float
+    device: str = "cpu"
+    """Where a real PyTorch job's workers compute (torchjob --device); the others ignore it."""
 
 
 def round_robin(worker_hosts: Sequence[Host], workers: int) -> list[Host]:
@@ -174,7 +178,9 @@ def start_torch_job(
     ddp = transport == "ddp"
     common = ["--hidden", str(hidden_for(shape.model_bytes)), "--iterations",
               str(shape.iterations), "--transport", "gloo" if ddp else transport]  # fmt: skip
-    step = ["--batch", str(TORCH_BATCH), "--compute", str(shape.compute_s)]
+    device = shape.device.partition(":")[0]
+    step = ["--batch", str(TORCH_BATCH[device]), "--compute", str(shape.compute_s),
+            "--device", shape.device]  # fmt: skip
     hold = [] if start_at is None else ["--start-at", repr(start_at)]
     hosts = [ps_host, *round_robin(worker_hosts, shape.workers)]
     rendezvous = f"{ps_host.ipv4}:{next(_rendezvous_ports)}"

@@ -1,0 +1,57 @@
+#!/usr/bin/env bash
+# The benchmark on a GPU machine that has PyTorch with CUDA but neither iproute2 nor our
+# Python packages, and no network (the lent device machines: Ubuntu, Python 3.12, root).
+#
+#   scripts/gpu_bench.sh prepare          # here, on a Debian machine set up by scripts/setup.sh:
+#                                         # .devicekit/ = this machine's ip, tc and nft with
+#                                         # their libraries, and wheels of our dependencies
+#   scripts/gpu_bench.sh run BENCH-ARGS   # there, from the repository root with .devicekit/:
+#                                         # a venv over the machine's own torch, then
+#                                         # python -m tensorlights.bench run BENCH-ARGS
+#
+# The tools run from .devicekit/ through PATH and LD_LIBRARY_PATH; nothing is installed
+# outside the venv (/tmp/tl-gpu-venv). Workers compute on the GPU with `--device cuda`.
+set -euo pipefail
+cd "$(dirname "$0")/.."
+KIT=.devicekit
+
+case "${1:-}" in
+prepare)
+    mkdir -p "$KIT/bin" "$KIT/lib" "$KIT/wheels"
+    cp /usr/sbin/ip /usr/sbin/tc /usr/sbin/nft "$KIT/bin/"
+    ldd /usr/sbin/ip /usr/sbin/tc /usr/sbin/nft | awk '/=>/ {print $3}' | sort -u |
+        grep -v -E '/lib(c|m)\.so' | xargs -I{} cp -L {} "$KIT/lib/"
+    .venv/bin/pip download -q --only-binary=:all: --python-version 3.12 \
+        --platform manylinux2014_x86_64 --platform manylinux_2_17_x86_64 \
+        --platform manylinux_2_28_x86_64 --implementation cp --abi cp312 --abi abi3 \
+        --abi none -d "$KIT/wheels" \
+        "pyroute2==0.9.7" "grpcio==1.85.1" "protobuf>=7.35.1,<8" rich cryptography \
+        "lightkube>=1.0,<2" psutil click prometheus-client
+    du -sh "$KIT"
+    ;;
+run)
+    shift
+    [[ -d $KIT/wheels ]] || { echo "no $KIT: run '$0 prepare' where iproute2 is" >&2; exit 2; }
+    # Only the libraries the machine lacks: its own (newer) libz, libtinfo... stay in force
+    # for Python and torch, which this path reaches too (the agent loads libnftables itself).
+    missing=/tmp/tl-gpu-lib
+    mkdir -p "$missing"
+    for lib in "$KIT"/lib/*; do
+        ldconfig -p | grep -q "^[[:space:]]*$(basename "$lib") " || ln -sf "$PWD/$lib" "$missing/"
+    done
+    export PATH="$PWD/$KIT/bin:$PATH" LD_LIBRARY_PATH="$missing" PYTHONPATH="$PWD"
+    venv=/tmp/tl-gpu-venv
+    if [[ ! -x $venv/bin/python ]]; then
+        python3 -m venv --system-site-packages "$venv"
+        "$venv/bin/pip" install -q --no-index --find-links "$KIT/wheels" \
+            "pyroute2==0.9.7" "grpcio==1.85.1" "protobuf>=7.35.1,<8" rich cryptography \
+            "lightkube>=1.0,<2" psutil click prometheus-client
+    fi
+    "$venv/bin/python" -c 'import torch; assert torch.cuda.is_available(), "no CUDA device"'
+    exec "$venv/bin/python" -m tensorlights.bench run --device cuda --no-plots "$@"
+    ;;
+*)
+    echo "usage: $0 prepare | run BENCH-ARGS" >&2
+    exit 2
+    ;;
+esac
