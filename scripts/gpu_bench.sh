@@ -6,11 +6,11 @@
 #                                         # .devicekit/ = this machine's ip, tc and nft with
 #                                         # their libraries, and wheels of our dependencies
 #   scripts/gpu_bench.sh run BENCH-ARGS   # there, from the repository root with .devicekit/:
-#                                         # a venv over the machine's own torch, then
-#                                         # python -m tensorlights.bench run BENCH-ARGS
+#                                         # our wheels beside the machine's own torch,
+#                                         # then python -m tensorlights.bench run BENCH-ARGS
 #
 # The tools run from .devicekit/ through PATH and LD_LIBRARY_PATH; nothing is installed
-# outside the venv (/tmp/tl-gpu-venv). Workers compute on the GPU with `--device cuda`.
+# outside /tmp. Workers compute on the GPU with `--device cuda`.
 set -euo pipefail
 cd "$(dirname "$0")/.."
 KIT=.devicekit
@@ -39,16 +39,17 @@ run)
     for lib in "$KIT"/lib/*; do
         ldconfig -p | grep -q "^[[:space:]]*$(basename "$lib") " || ln -sf "$PWD/$lib" "$missing/"
     done
-    export PATH="$PWD/$KIT/bin:$PATH" LD_LIBRARY_PATH="$missing" PYTHONPATH="$PWD"
-    venv=/tmp/tl-gpu-venv
-    if [[ ! -x $venv/bin/python ]]; then
-        python3 -m venv --system-site-packages "$venv"
-        "$venv/bin/pip" install -q --no-index --find-links "$KIT/wheels" \
+    # The machine's own Python, whose torch has CUDA (itself a venv there: a venv over it
+    # would not see its packages); ours go to a folder ahead of its site-packages.
+    site=/tmp/tl-gpu-site
+    if [[ ! -d $site/pyroute2 ]]; then
+        python3 -m pip install -q --no-index --find-links "$KIT/wheels" --target "$site" \
             "pyroute2==0.9.7" "grpcio==1.85.1" "protobuf>=7.35.1,<8" rich cryptography \
             "lightkube>=1.0,<2" psutil click prometheus-client
     fi
-    "$venv/bin/python" -c 'import torch; assert torch.cuda.is_available(), "no CUDA device"'
-    exec "$venv/bin/python" -m tensorlights.bench run --device cuda --no-plots "$@"
+    export PATH="$PWD/$KIT/bin:$PATH" LD_LIBRARY_PATH="$missing" PYTHONPATH="$PWD:$site"
+    python3 -c 'import torch; assert torch.cuda.is_available(), "no CUDA device"'
+    exec python3 -m tensorlights.bench run --device cuda --no-plots "$@"
     ;;
 *)
     echo "usage: $0 prepare | run BENCH-ARGS" >&2
