@@ -3,6 +3,7 @@ finds its PS by TF_CONFIG alone, shapes and measures its real pushes."""
 
 from __future__ import annotations
 
+import subprocess
 import time
 from pathlib import Path
 
@@ -13,7 +14,7 @@ from tensorlights.testbed.psjob import tf_job_id
 from tensorlights.testbed.torchjob import model_bytes
 
 from .agentproc import AgentProcess
-from .torchjobs import launch
+from .torchjobs import MODULE, launch
 
 pytest.importorskip(
     "torch", reason="the torch extra is not installed (scripts/test.sh installs it)"
@@ -99,3 +100,18 @@ def test_the_agent_finds_shapes_and_measures_a_real_pytorch_ps(
     errors = sorted(abs(at - true_ends[k]) for k, at in zip(matched, seen_at, strict=True))
     assert len(set(matched)) == len(matched), said
     assert errors[len(errors) // 2] <= ACCURACY_S and errors[-1] <= OUTLIER_S, (errors, said)
+
+
+def test_a_worker_asked_to_compute_on_a_gpu_it_lacks_says_so() -> None:
+    """--device cuda (the benchmark's GPU runs) on a machine whose PyTorch sees no GPU: a
+    clear refusal before any rendezvous, not a CUDA error from inside a training step."""
+    import torch
+
+    if torch.cuda.is_available():
+        pytest.skip("this machine has a CUDA device")
+    args = ["worker", "--master", "127.0.0.1:9", "--workers", "1", "--rank", "1"]
+    done = subprocess.run(
+        [*MODULE, *args, "--device", "cuda"], capture_output=True, text=True, timeout=120
+    )
+    assert done.returncode == 2
+    assert "--device cuda: this PyTorch sees no CUDA device" in done.stderr
