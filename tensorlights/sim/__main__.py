@@ -1,0 +1,3 @@
+from tensorlights.sim.cli import main
+
+raise SystemExit(main())

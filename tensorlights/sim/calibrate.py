@@ -1,0 +1,219 @@
+"""The benchmark's scenarios simulated against its measured medians (issue 22, item 2).
+
+Each scenario of tensorlights/bench/scenarios.py becomes SimJobs on its shaped hosts, each
+policy a driver (drivers.py) set as the benchmark set it (its meta.json: rate, slot,
+starvation window, the prototype's period; the prototype's hosts LEGACY_PHASE_S apart).
+
+What is fitted, on what:
+  * per job profile, `overhead_s`: the measured standalone JCT over the simulated one, per
+    iteration (0 for the synthetic job, whose standalone run the model already gives within
+    1%; a real framework's per-iteration cost otherwise). Standalone runs only.
+  * the TCP ramp (engine.TcpModel): a grid, the pair with the smallest largest error over
+    the FIFO and fair runs of the single-host synthetic scenarios. No policy with bands is
+    fitted: their rows are predictions.
+"""
+
+from __future__ import annotations
+
+import itertools
+import json
+import statistics
+from collections.abc import Mapping, Sequence
+from dataclasses import dataclass
+from pathlib import Path
+from typing import Any
+
+from tensorlights.bench.results import Trial, alone_jct, profile_key
+from tensorlights.bench.runner import LEGACY_PHASE_S
+from tensorlights.bench.scenarios import SCENARIOS, JobSpec, Scenario
+from tensorlights.controller.planner import ClusterPolicy
+from tensorlights.policy.bands import PolicyName
+from tensorlights.sim.drivers import (
+    Coordinated,
+    HostPolicies,
+    NoBands,
+    PrototypeRR,
+    agent_policy,
+)
+from tensorlights.sim.engine import Driver, SimJob, Simulation, TcpModel
+from tensorlights.sim.network import Discipline
+from tensorlights.units import parse_duration
+
+SIMULATED = (
+    "fifo", "fair", "static", "rotate", "pack", "tl-rr-original", "controller-pack",
+    "controller-rotate",
+)  # fmt: skip
+"""The benchmark's policies the simulator runs (not: faults, fixed orders, standalone)."""
+RAMP_S_GRID = (0.05, 0.1, 0.2, 0.3, 0.5)
+RAMP_WEIGHT_GRID = (0.5, 0.25, 0.1, 0.05)
+FIT_SCENARIOS = ("a", "b", "c", "d", "e", "f")
+FIT_POLICIES = ("fifo", "fair")
+TIE = 0.02
+"""Policies whose measured medians are closer than this (relative) are tied: their order
+is within the repetitions' spread, and a ranking is not held to it."""
+
+
+@dataclass(frozen=True)
+class Measured:
+    """A results folder: its settings and its runs."""
+
+    meta: dict[str, Any]
+    trials: list[Trial]
+
+    @classmethod
+    def load(cls, folder: Path) -> Measured:
+        meta = json.loads((folder / "meta.json").read_text())
+        with open(folder / "trials.jsonl") as handle:
+            trials = [Trial.from_dict(json.loads(line)) for line in handle if line.strip()]
+        return cls(meta, trials)
+
+    def medians(self) -> dict[tuple[str, str], float]:
+        """(scenario, policy) -> median average JCT over its repetitions."""
+        runs: dict[tuple[str, str], list[float]] = {}
+        for trial in self.trials:
+            if not trial.profile:
+                average = statistics.fmean(job.jct_s for job in trial.jobs)
+                runs.setdefault((trial.scenario, trial.policy), []).append(average)
+        return {key: statistics.median(values) for key, values in runs.items()}
+
+
+def sim_jobs(
+    scenario: Scenario, rate_bps: float, alone: Mapping[str, float] | None = None
+) -> list[SimJob]:
+    """The scenario's jobs; with `alone` (measured standalone JCT per profile), each job's
+    per-iteration overhead fitted to it."""
+    if scenario.collective:
+        raise ValueError(f"scenario {scenario.key}: collective jobs are not simulated yet")
+    jobs = []
+    for spec in scenario.jobs:
+        job = _sim_job(spec)
+        measured = (alone or {}).get(profile_key(spec))
+        if measured is not None:
+            extra = (measured - job.alone_s(rate_bps)) / job.iterations
+            job = SimJob(**{**job.__dict__, "overhead_s": max(0.0, extra)})
+        jobs.append(job)
+    return jobs
+
+
+def _sim_job(spec: JobSpec) -> SimJob:
+    return SimJob(
+        spec.name, spec.model_bytes, spec.workers, spec.compute_s, spec.iterations,
+        spec.start_s, spec.ps_hosts,
+    )  # fmt: skip
+
+
+def driver_for(
+    policy: str, scenario: Scenario, meta: Mapping[str, Any]
+) -> tuple[Driver, Discipline]:
+    """The driver and link discipline standing for a benchmark policy, with its settings."""
+    interval = parse_duration(meta.get("interval", "3s"))
+    window = parse_duration(meta.get("starvation_window", "30s"))
+    if policy == "fifo":
+        return NoBands(), Discipline.PRIORITY
+    if policy == "fair":
+        return NoBands(), Discipline.FAIR
+    if policy in (PolicyName.STATIC, PolicyName.ROTATE, PolicyName.PACK):
+        return HostPolicies(agent_policy(policy, interval, window)), Discipline.PRIORITY
+    if policy == "tl-rr-original":
+        # Each PS host its own loop and period, started one host after the other.
+        period = float(meta.get("original_interval_s", 20.0))
+        hosts = scenario.shaped_hosts
+        phases = {host: k * LEGACY_PHASE_S for k, host in enumerate(hosts)}
+        members = {h: [job.name for job in scenario.jobs if h in job.ps_hosts] for h in hosts}
+        return PrototypeRR(members, period, phases), Discipline.PRIORITY
+    if policy in ("controller-pack", "controller-rotate"):
+        cluster = ClusterPolicy(policy.removeprefix("controller-"))
+        local = agent_policy(PolicyName.PACK, interval, window)
+        return Coordinated(cluster, local, slot_s=interval), Discipline.PRIORITY
+    raise ValueError(f"policy {policy} is not simulated (of: {', '.join(SIMULATED)})")
+
+
+def simulate(
+    scenario: Scenario,
+    policy: str,
+    meta: Mapping[str, Any],
+    tcp: TcpModel,
+    alone: Mapping[str, float] | None = None,
+) -> float:
+    """The simulated average JCT of `scenario` under `policy`."""
+    rate = float(meta["rate_bps"])
+    driver, discipline = driver_for(policy, scenario, meta)
+    links = {host: rate for host in scenario.shaped_hosts}
+    results = Simulation(links, sim_jobs(scenario, rate, alone), driver, discipline, tcp).run()
+    if len(results) != len(scenario.jobs):
+        raise RuntimeError(f"{scenario.key}/{policy}: jobs left unfinished in the simulation")
+    return statistics.fmean(result.jct_s for result in results.values())
+
+
+def fit_tcp(measured: Measured) -> tuple[TcpModel, float]:
+    """The grid's TcpModel with the smallest largest relative error over FIFO and fair in
+    the single-host synthetic scenarios, and that error."""
+    medians = measured.medians()
+    alone = alone_jct(measured.trials)
+    targets = [
+        (SCENARIOS[key], policy, medians[(key, policy)])
+        for key in FIT_SCENARIOS
+        for policy in FIT_POLICIES
+        if (key, policy) in medians
+    ]
+    if not targets:
+        raise ValueError("no FIFO or fair runs of scenarios a-f to fit the TCP ramp to")
+    best: tuple[float, TcpModel] | None = None
+    for ramp_s, weight in itertools.product(RAMP_S_GRID, RAMP_WEIGHT_GRID):
+        tcp = TcpModel(ramp_s, weight)
+        worst = max(
+            abs(simulate(scenario, policy, measured.meta, tcp, alone) / value - 1)
+            for scenario, policy, value in targets
+        )
+        if best is None or worst < best[0]:
+            best = (worst, tcp)
+    assert best is not None
+    return best[1], best[0]
+
+
+@dataclass(frozen=True)
+class Row:
+    source: str
+    """The results folder's name."""
+    scenario: str
+    policy: str
+    measured_s: float
+    simulated_s: float
+
+    @property
+    def error(self) -> float:
+        return self.simulated_s / self.measured_s - 1
+
+
+def calibration(folders: Mapping[str, Measured], tcp: TcpModel) -> list[Row]:
+    """Every simulated policy of every PS scenario the folders (by name) hold."""
+    rows = []
+    for source, measured in folders.items():
+        alone = alone_jct(measured.trials)
+        for (key, policy), value in sorted(measured.medians().items()):
+            scenario = SCENARIOS.get(key)
+            if scenario is None or scenario.collective or policy not in SIMULATED:
+                continue
+            scenario = scenario.scaled(float(measured.meta.get("scale", 1.0)))
+            simulated = simulate(scenario, policy, measured.meta, tcp, alone)
+            rows.append(Row(source, key, policy, value, simulated))
+    return rows
+
+
+def rankings_agree(
+    rows: Sequence[Row], scenario: str
+) -> tuple[int, list[tuple[str, str]], list[tuple[str, str]]]:
+    """Pairs of the scenario's policies whose measured medians differ by more than TIE: how
+    many, those the simulation orders the other way by more than TIE (flips), and those it
+    puts within TIE of each other (ties)."""
+    mine = [row for row in rows if row.scenario == scenario]
+    pairs, flips, ties = 0, [], []
+    for a, b in itertools.combinations(mine, 2):
+        if abs(a.measured_s / b.measured_s - 1) <= TIE:
+            continue
+        pairs += 1
+        if abs(a.simulated_s / b.simulated_s - 1) <= TIE:
+            ties.append((a.policy, b.policy))
+        elif (a.measured_s < b.measured_s) != (a.simulated_s < b.simulated_s):
+            flips.append((a.policy, b.policy))
+    return pairs, flips, ties

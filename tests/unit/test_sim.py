@@ -1,0 +1,193 @@
+"""The flow-level simulator: its links, its jobs, the real policies it drives, and its
+calibration against the benchmark's committed results."""
+
+from __future__ import annotations
+
+import math
+from pathlib import Path
+
+import pytest
+from hypothesis import given, settings
+from hypothesis import strategies as st
+
+from tensorlights.bench.scenarios import SCENARIOS
+from tensorlights.policy.packing import wire_bytes
+from tensorlights.sim.calibrate import (
+    Measured,
+    Row,
+    calibration,
+    driver_for,
+    rankings_agree,
+    simulate,
+)
+from tensorlights.sim.drivers import Coordinated, HostPolicies, NoBands, PrototypeRR, agent_policy
+from tensorlights.sim.engine import SimJob, Simulation, TcpModel
+from tensorlights.sim.network import Discipline, Flow, Link
+
+MB = 1_000_000
+RATE = 300e6
+RESULTS = Path(__file__).resolve().parents[2] / "results"
+
+
+def flows(link: Link, *jobs: str) -> list[Flow]:
+    made = [Flow(job, 1e6, lambda now: None) for job in jobs]
+    for flow in made:
+        link.add(flow, 0.0)
+    return made
+
+
+def test_strict_priority_gives_the_link_to_the_lowest_band_and_fifo_shares_it_per_flow() -> None:
+    link = Link("h", 8e6)  # 1 MB/s
+    a1, a2, b = flows(link, "a", "a", "b")
+    assert [f.rate for f in (a1, a2, b)] == pytest.approx([1e6 / 3] * 3)  # no bands: FIFO
+    link.set_bands({"a": 1, "b": 0}, 0.0)
+    assert [f.rate for f in (a1, a2, b)] == pytest.approx([0, 0, 1e6])
+    link.set_bands({"a": 0}, 0.0)  # b unmanaged: after every band
+    assert [f.rate for f in (a1, a2, b)] == pytest.approx([5e5, 5e5, 0])
+
+
+def test_fair_splits_the_link_per_job_then_per_flow() -> None:
+    link = Link("h", 8e6, Discipline.FAIR)
+    a1, a2, b = flows(link, "a", "a", "b")
+    assert [f.rate for f in (a1, a2, b)] == pytest.approx([2.5e5, 2.5e5, 5e5])
+
+
+def test_a_push_joining_a_busy_link_ramps_then_shares_equally() -> None:
+    link = Link("h", 8e6, ramp_s=0.5, ramp_weight=0.25)
+    (first,) = flows(link, "a")
+    (joining,) = flows(link, "b")
+    assert (first.rate, joining.rate) == pytest.approx((8e5, 2e5))
+    assert link.next_change() == pytest.approx(0.5)
+    link.finish(0.5)
+    assert (first.rate, joining.rate) == pytest.approx((5e5, 5e5))
+
+
+@pytest.mark.parametrize("ps_hosts", [("ps",), ("ps", "ps2")])
+def test_a_job_alone_takes_its_pushes_compute_and_overhead(ps_hosts: tuple[str, ...]) -> None:
+    job = SimJob("j", 6 * MB, 2, 0.1, 25, 3.0, ps_hosts, overhead_s=0.01)
+    links = {host: RATE for host in ps_hosts}
+    (result,) = Simulation(links, [job], NoBands()).run().values()
+    link_s = wire_bytes(6 * MB / len(ps_hosts)) * 2 * 8 / RATE
+    assert result.jct_s == pytest.approx(25 * (link_s + 0.11))
+    assert result.jct_s == pytest.approx(job.alone_s(RATE))
+
+
+def test_two_equal_jobs_under_exact_fifo_stay_in_lockstep_and_under_static_interleave() -> None:
+    jobs = [SimJob(name, 6 * MB, 2, 0.1, 25, 0.0, ("ps",)) for name in ("j1", "j2")]
+    link_s = jobs[0].link_s(RATE)
+    fifo = Simulation({"ps": RATE}, jobs, NoBands()).run()
+    assert [r.jct_s for r in fifo.values()] == pytest.approx([25 * (2 * link_s + 0.1)] * 2)
+    static = Simulation({"ps": RATE}, jobs, HostPolicies(agent_policy("static"))).run()
+    assert static["j1"].jct_s == pytest.approx(jobs[0].alone_s(RATE))  # green throughout
+    assert static["j2"].jct_s > static["j1"].jct_s
+
+
+def test_pack_puts_the_smaller_job_first_once_measured() -> None:
+    """The real pack policy, on the simulation's measurements: d's small job, last in
+    arrival order (where TL-One keeps it), goes to the top once measured and ends first."""
+    sizes = {"large": 6, "medium": 3, "small": 1}
+    jobs = [SimJob(name, mb * MB, 2, 0.2, 25, 0.0, ("ps",)) for name, mb in sizes.items()]
+    pack = HostPolicies(agent_policy("pack", starvation_window_s=30.0))
+    results = Simulation({"ps": RATE}, jobs, pack).run()
+    static = Simulation({"ps": RATE}, jobs, HostPolicies(agent_policy("static"))).run()
+    assert results["small"].end_s < results["medium"].end_s < results["large"].end_s
+    assert static["large"].end_s < static["medium"].end_s < static["small"].end_s
+
+
+def test_the_controller_puts_single_host_jobs_before_a_sharded_one() -> None:
+    """m2 through the real Registry and Planner: both single-host jobs run as if alone."""
+    scenario = SCENARIOS["m2"]
+    driver, discipline = driver_for("controller-pack", scenario, {"interval": "3s"})
+    assert isinstance(driver, Coordinated)
+    jobs = [
+        SimJob(j.name, j.model_bytes, j.workers, j.compute_s, j.iterations, 0.0, j.ps_hosts)
+        for j in scenario.jobs
+    ]
+    results = Simulation({"ps": RATE, "ps2": RATE}, jobs, driver, discipline).run()
+    for single in ("on-ps", "on-ps2"):
+        alone = next(j for j in jobs if j.name == single).alone_s(RATE)
+        assert results[single].jct_s == pytest.approx(alone, rel=0.05)
+    assert results["sharded"].end_s > max(results["on-ps"].end_s, results["on-ps2"].end_s)
+    assert driver.replan_s, "the planner was called"
+
+
+def test_the_prototype_rotates_per_host_with_its_phase() -> None:
+    jobs = [SimJob(n, 4 * MB, 2, 0.25, 200, 0.0, ("ps",)) for n in ("j1", "j2")]
+    driver = PrototypeRR({"ps": ["j1", "j2"]}, period_s=20.0, phases={"ps": 5.0})
+    sim = Simulation({"ps": RATE}, jobs, driver)
+    seen: dict[float, dict[str, int]] = {}
+    for when in (10.0, 24.0, 26.0, 46.0):
+        sim.at(when, lambda when=when: seen.setdefault(when, dict(sim.links["ps"].bands)))  # type: ignore[misc]
+    sim.run(until_s=50.0)
+    assert seen[10.0] == seen[24.0] == {"j1": 0, "j2": 1}
+    assert seen[26.0] == {"j1": 1, "j2": 0}
+    assert seen[46.0] == {"j1": 0, "j2": 1}
+
+
+@settings(max_examples=40, deadline=None)
+@given(
+    st.lists(
+        st.tuples(
+            st.integers(1, 8), st.integers(1, 3), st.floats(0.0, 0.5), st.integers(2, 12),
+            st.floats(0.0, 5.0), st.sampled_from([("ps",), ("ps2",), ("ps", "ps2")]),
+        ),
+        min_size=1, max_size=5,
+    ),
+    st.sampled_from(["fifo", "fair", "static", "rotate", "pack", "controller-pack"]),
+    st.sampled_from([TcpModel(), TcpModel(0.3, 0.1)]),
+)  # fmt: skip
+def test_every_job_finishes_no_faster_than_alone_and_the_links_carry_every_byte(
+    specs: list[tuple[int, int, float, int, float, tuple[str, ...]]],
+    policy: str,
+    tcp: TcpModel,
+) -> None:
+    jobs = [
+        SimJob(f"j{i}", mb * MB, workers, compute, iterations, arrival, hosts)
+        for i, (mb, workers, compute, iterations, arrival, hosts) in enumerate(specs)
+    ]
+    if policy == "fair":
+        driver, discipline = NoBands(), Discipline.FAIR
+    elif policy == "fifo":
+        driver, discipline = NoBands(), Discipline.PRIORITY
+    elif policy == "controller-pack":
+        driver, discipline = Coordinated("pack", agent_policy("pack")), Discipline.PRIORITY
+    else:
+        driver, discipline = HostPolicies(agent_policy(policy)), Discipline.PRIORITY
+    sim = Simulation({"ps": RATE, "ps2": RATE}, jobs, driver, discipline, tcp)
+    results = sim.run()
+    assert set(results) == {job.name for job in jobs}
+    for job in jobs:
+        assert results[job.name].jct_s >= job.alone_s(RATE) * (1 - 1e-9)
+    for host, link in sim.links.items():
+        carried = sum(job.link_s(RATE) * job.iterations for job in jobs if host in job.ps_hosts)
+        assert link.busy_s >= carried * (1 - 1e-9)
+        assert not link.flows
+
+
+def test_rankings_count_flips_and_ties_beyond_the_spread() -> None:
+    rows = [
+        Row("x", "s", "fifo", 20.0, 18.0),
+        Row("x", "s", "static", 15.0, 15.1),
+        Row("x", "s", "pack", 15.1, 14.0),  # within 2% of static measured: not a pair
+        Row("x", "s", "rotate", 17.0, 19.0),  # flips against fifo
+    ]
+    pairs, flips, ties = rankings_agree(rows, "s")
+    assert pairs == 5
+    assert flips == [("fifo", "rotate")]
+    assert ties == []
+
+
+def test_unsimulated_policies_are_refused() -> None:
+    with pytest.raises(ValueError, match="not simulated"):
+        driver_for("orders", SCENARIOS["a"], {})
+    with pytest.raises(ValueError, match="collective"):
+        simulate(SCENARIOS["c1"], "fifo", {"rate_bps": RATE}, TcpModel())
+
+
+def test_the_synthetic_benchmark_is_simulated_within_ten_percent() -> None:
+    """The calibration on the committed results (results/bench, a-f), with the ramp the
+    calibration fits there: every policy of every synthetic scenario within 10%."""
+    rows = calibration({"bench": Measured.load(RESULTS / "bench")}, TcpModel(0.5, 0.05))
+    assert len(rows) == 36
+    worst = max(rows, key=lambda row: abs(row.error))
+    assert math.fabs(worst.error) <= 0.10, worst
