@@ -28,6 +28,7 @@ from tensorlights.bench.runner import LEGACY_PHASE_S
 from tensorlights.bench.scenarios import SCENARIOS, JobSpec, Scenario
 from tensorlights.controller.planner import ClusterPolicy
 from tensorlights.policy.bands import PolicyName
+from tensorlights.sim.baselines import CassiniShifts, CruxIntensity
 from tensorlights.sim.drivers import (
     Coordinated,
     HostPolicies,
@@ -44,6 +45,8 @@ SIMULATED = (
     "controller-rotate",
 )  # fmt: skip
 """The benchmark's policies the simulator runs (not: faults, fixed orders, standalone)."""
+SIM_ONLY = ("cassini", "crux")
+"""Other proposals, in the simulator only (baselines.py)."""
 RAMP_S_GRID = (0.05, 0.1, 0.2, 0.3, 0.5)
 RAMP_WEIGHT_GRID = (0.5, 0.25, 0.1, 0.05)
 FIT_SCENARIOS = ("a", "b", "c", "d", "e", "f")
@@ -125,7 +128,12 @@ def driver_for(
         cluster = ClusterPolicy(policy.removeprefix("controller-"))
         local = agent_policy(PolicyName.PACK, interval, window)
         return Coordinated(cluster, local, slot_s=interval), Discipline.PRIORITY
-    raise ValueError(f"policy {policy} is not simulated (of: {', '.join(SIMULATED)})")
+    if policy == "cassini":
+        return CassiniShifts(), Discipline.PRIORITY
+    if policy == "crux":
+        return CruxIntensity(), Discipline.PRIORITY
+    known = ", ".join((*SIMULATED, *SIM_ONLY))
+    raise ValueError(f"policy {policy} is not simulated (of: {known})")
 
 
 def simulate(
@@ -217,3 +225,24 @@ def rankings_agree(
         elif (a.measured_s < b.measured_s) != (a.simulated_s < b.simulated_s):
             flips.append((a.policy, b.policy))
     return pairs, flips, ties
+
+
+def baselines(folders: Mapping[str, Measured], tcp: TcpModel) -> dict[str, dict[str, float]]:
+    """Per synthetic PS scenario the folders hold (at scale 1): the simulated average JCT
+    of every simulated policy and of the simulator-only baselines."""
+    table: dict[str, dict[str, float]] = {}
+    for measured in folders.values():
+        if float(measured.meta.get("scale", 1.0)) != 1.0:
+            continue
+        alone = alone_jct(measured.trials)
+        for key in dict.fromkeys(key for key, _ in measured.medians()):
+            scenario = SCENARIOS.get(key)
+            if scenario is None or scenario.collective or key in table:
+                continue
+            if {job.workload for job in scenario.jobs} != {"synthetic"}:
+                continue
+            table[key] = {
+                policy: simulate(scenario, policy, measured.meta, tcp, alone)
+                for policy in (*SIMULATED, *SIM_ONLY)
+            }
+    return table

@@ -6,8 +6,13 @@ from pathlib import Path
 
 import click
 
-from tensorlights.sim.calibrate import Measured, calibration, fit_tcp
-from tensorlights.sim.report import GOAL, calibration_markdown, plot_calibration
+from tensorlights.sim.calibrate import Measured, baselines, calibration, fit_tcp
+from tensorlights.sim.report import (
+    GOAL,
+    baselines_markdown,
+    calibration_markdown,
+    plot_calibration,
+)
 
 CALIBRATION_SOURCES = ("results/bench", "results/bench-real", "results/bench-multihost",
                        "results/bench-long")  # fmt: skip
@@ -39,17 +44,20 @@ def main() -> None:
 @click.option("--no-plots", is_flag=True, help="Markdown only (no matplotlib).")
 def calibrate(sources: tuple[Path, ...], fit: Path, out: Path, no_plots: bool) -> None:
     """Simulate every PS scenario and policy of the benchmark's results and compare each
-    average JCT with the measured median (goal: within 10%, rankings kept)."""
+    average JCT with the measured median (goal: within 10%, rankings kept); then the
+    synthetic scenarios under CASSINI-style and Crux-style baselines too."""
     for folder in (fit, *sources):
         if not (folder / "meta.json").exists() or not (folder / "trials.jsonl").exists():
             raise click.UsageError(f"{folder}: no meta.json and trials.jsonl (a bench --out)")
     tcp, fit_error = fit_tcp(Measured.load(fit))
-    rows = calibration({folder.name: Measured.load(folder) for folder in sources}, tcp)
+    folders = {folder.name: Measured.load(folder) for folder in sources}
+    rows = calibration(folders, tcp)
     out.mkdir(parents=True, exist_ok=True)
     text = calibration_markdown(rows, tcp, fit_error, [str(s) for s in sources])
     if not no_plots:
         name = plot_calibration(rows, out)
         text += f"\n![measured against simulated]({name})\n"
+    text += "\n" + baselines_markdown(baselines(folders, tcp))
     (out / "report.md").write_text(text)
     within = sum(abs(row.error) <= GOAL for row in rows)
     click.echo(f"TCP ramp: weight {tcp.ramp_weight:g} for {tcp.ramp_s:g} s (fit {fit_error:.1%})")

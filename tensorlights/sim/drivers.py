@@ -62,7 +62,14 @@ def agent_policy(
     )
 
 
-class NoBands:
+class Immediate:
+    """A driver that never holds a push (all but the time-shifting one)."""
+
+    def release(self, job: str, now: float) -> float:
+        return now
+
+
+class NoBands(Immediate):
     tick_s: float | None = None
 
     def attach(self, sim: Simulation) -> None:
@@ -72,7 +79,7 @@ class NoBands:
         pass
 
 
-class HostPolicies:
+class HostPolicies(Immediate):
     """Every host its own policy, each starting at its phase (before it: no bands)."""
 
     def __init__(
@@ -101,7 +108,7 @@ class HostPolicies:
             sim.set_bands(host, plan.bands)
 
 
-class Coordinated:
+class Coordinated(Immediate):
     """Agents following the controller: each reports every `report_interval_s` (and at once
     when its jobs change, as the agent does), the controller replans on each round and
     every host is sent its plan (renewing its lease)."""
@@ -189,7 +196,7 @@ class Coordinated:
             )  # fmt: skip
 
 
-class PrototypeRR:
+class PrototypeRR(Immediate):
     def __init__(
         self,
         members: Mapping[str, list[str]],

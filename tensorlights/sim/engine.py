@@ -80,13 +80,18 @@ class HostJob:
 
 
 class Driver(Protocol):
-    """Sets the links' bands: called at every arrival and departure, and every `tick_s`."""
+    """Sets the links' bands: called at every arrival and departure, and every `tick_s`;
+    and may hold a job's push until a time of its choosing (`release`)."""
 
     tick_s: float | None
 
     def attach(self, sim: Simulation) -> None: ...
 
     def evaluate(self, now: float) -> None: ...
+
+    def release(self, job: str, now: float) -> float:
+        """When `job`, ready to push now, may start its push (now: at once)."""
+        ...
 
 
 @dataclass
@@ -207,7 +212,14 @@ class Simulation:
         for host in job.ps_hosts:
             self.measured[host][job.name] = HostJob()
         self.driver.evaluate(self.now)
-        self._push(job.name)
+        self._ready(job.name)
+
+    def _ready(self, name: str) -> None:
+        when = self.driver.release(name, self.now)
+        if when > self.now:
+            self.at(when, lambda: self._push(name))
+        else:
+            self._push(name)
 
     def _push(self, name: str) -> None:
         state = self.running[name]
@@ -258,7 +270,7 @@ class Simulation:
             return
         state.done_iterations += 1
         if state.done_iterations < state.job.iterations:
-            self._push(name)
+            self._ready(name)
             return
         job = state.job
         self.results[name] = JobResult(name, job.arrival_s, self.now)

@@ -2,7 +2,7 @@
 
 from __future__ import annotations
 
-from collections.abc import Sequence
+from collections.abc import Mapping, Sequence
 from pathlib import Path
 
 from tensorlights.bench.report import label
@@ -114,3 +114,34 @@ def plot_calibration(rows: Sequence[Row], out: Path) -> str:
     fig.savefig(out / CALIBRATION_PLOT, dpi=110)
     plt.close(fig)
     return CALIBRATION_PLOT
+
+
+SIM_LABELS = {"cassini": "CASSINI-style time shifts", "crux": "Crux-style GPU intensity"}
+
+
+def baselines_markdown(table: Mapping[str, Mapping[str, float]]) -> str:
+    scenarios = list(table)
+    policies = list(dict.fromkeys(p for row in table.values() for p in row))
+    best = {key: min(row.values()) for key, row in table.items()}
+    lines = [
+        "## Other proposals, simulated (CASSINI-style, Crux-style)",
+        "",
+        "The synthetic scenarios simulated under every policy, with CASSINI-style time "
+        "shifts (no priorities) and Crux-style priorities by GPU intensity "
+        "(`tensorlights/sim/baselines.py`: built from the papers' descriptions, simulator "
+        "only). Average JCT, simulated seconds; the best of each scenario in bold:",
+        "",
+        "| policy | " + " | ".join(scenarios) + " |",
+        "|---|" + "---:|" * len(scenarios),
+    ]
+    for policy in policies:
+        cells = []
+        for key in scenarios:
+            value = table[key].get(policy)
+            text = "-" if value is None else f"{value:.2f}"
+            cells.append(
+                f"**{text}**" if value is not None and value <= best[key] * 1.001 else text
+            )
+        name = SIM_LABELS.get(policy) or label(policy)
+        lines.append(f"| {name} | " + " | ".join(cells) + " |")
+    return "\n".join(lines) + "\n"

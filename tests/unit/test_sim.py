@@ -12,6 +12,7 @@ from hypothesis import strategies as st
 
 from tensorlights.bench.scenarios import SCENARIOS
 from tensorlights.policy.packing import wire_bytes
+from tensorlights.sim.baselines import CassiniShifts, CruxIntensity, intensity
 from tensorlights.sim.calibrate import (
     Measured,
     Row,
@@ -191,3 +192,48 @@ def test_the_synthetic_benchmark_is_simulated_within_ten_percent() -> None:
     assert len(rows) == 36
     worst = max(rows, key=lambda row: abs(row.error))
     assert math.fabs(worst.error) <= 0.10, worst
+
+
+def test_cassini_shifts_interleave_jobs_that_fit_on_the_link_together() -> None:
+    """Two jobs using a third of the link each, started together: exact FIFO keeps their
+    pushes colliding every iteration; shifted by one push, both run at their own speed."""
+    jobs = [SimJob(name, 2 * MB, 2, 0.25, 40, 0.0, ("ps",)) for name in ("j1", "j2")]
+    fifo = Simulation({"ps": RATE}, jobs, NoBands()).run()
+    shifted = Simulation({"ps": RATE}, jobs, CassiniShifts()).run()
+    alone = jobs[0].alone_s(RATE)
+    assert min(r.jct_s for r in fifo.values()) > 1.2 * alone
+    assert shifted["j1"].jct_s == pytest.approx(alone)
+    assert shifted["j2"].jct_s == pytest.approx(alone + jobs[0].link_s(RATE), rel=0.01)
+
+
+def test_crux_puts_the_most_compute_per_byte_first_on_every_link() -> None:
+    jobs = [
+        SimJob("chatty", 6 * MB, 2, 0.1, 30, 0.0, ("ps", "ps2")),
+        SimJob("dense", 2 * MB, 2, 0.4, 30, 0.0, ("ps2",)),
+    ]
+    assert intensity(jobs[1]) > intensity(jobs[0])
+    sim = Simulation({"ps": RATE, "ps2": RATE}, jobs, CruxIntensity())
+    seen: list[dict[str, int]] = []
+    sim.at(1.0, lambda: seen.append(dict(sim.links["ps2"].bands)))
+    results = sim.run()
+    assert seen == [{"dense": 0, "chatty": 1}]
+    assert results["dense"].jct_s == pytest.approx(jobs[1].alone_s(RATE))
+
+
+def test_the_calibrate_command_writes_the_report(tmp_path: Path) -> None:
+    from click.testing import CliRunner
+
+    from tensorlights.sim.cli import main
+
+    sources = [str(RESULTS / name) for name in ("bench", "bench-multihost")]
+    args = ["calibrate", "--no-plots", "--out", str(tmp_path), "--fit", sources[0]]
+    for source in sources:
+        args += ["--results", source]
+    result = CliRunner().invoke(main, args)
+    assert result.exit_code == 0, result.output
+    assert "rows within 10%" in result.output
+    report = (tmp_path / "report.md").read_text()
+    assert "| bench-multihost | m2 | TensorLights pack, controller |" in report
+    assert "CASSINI-style time shifts" in report
+    missing = CliRunner().invoke(main, ["calibrate", "--results", str(tmp_path)])
+    assert missing.exit_code == 2 and "no meta.json" in missing.output

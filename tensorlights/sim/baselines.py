@@ -1,0 +1,100 @@
+"""Other proposals for sharing a cluster's links between training jobs, as the simulator runs
+them (simulator only: they are not TensorLights' policies, and are built from the papers'
+descriptions, not their code).
+
+CASSINI (Rajasekaran et al., NSDI'24): jobs sharing a link are given time shifts of their
+iterations so that their communication phases interleave instead of colliding; no
+priorities, the link stays FIFO. Here: per link, a cycle as long as the longest standalone
+iteration among the jobs on it, each job a window of its pushes' link time, back to back in
+arrival order; a job ready to push waits for the start of its next window (on its first PS
+host: the paper's affinity graph, which aligns shifts across links, is not built). A shift is
+applied once, to the next push of every job on the link, whenever the jobs on it change;
+the iterations then run free, as a shifted job does (its period keeps the interleaving
+while the jobs fit). Where the windows do not fit in the cycle (the link is overloaded),
+they overlap and pushes share the link FIFO, as the paper's jobs then do.
+
+Crux (Cao et al., SIGCOMM'24): priorities by GPU intensity, the computation a job does per
+byte it communicates, highest first, compressed into the few priority levels the network
+has. Here: intensity = workers x compute per iteration / bytes pushed per iteration, one
+cluster-wide order, folded into the PS bands as our agents fold theirs (bands.fold_bands);
+strict priority on every link.
+"""
+
+from __future__ import annotations
+
+import math
+
+from tensorlights.model import NUM_BANDS
+from tensorlights.policy.bands import fold_bands
+from tensorlights.sim.drivers import Immediate
+from tensorlights.sim.engine import SimJob, Simulation
+
+
+class CassiniShifts:
+    tick_s: float | None = None
+
+    def __init__(self) -> None:
+        self._sim: Simulation | None = None
+        self._windows: dict[str, tuple[float, float, float]] = {}
+        """Job -> (cycle, offset in it, the cycle's epoch) on its first PS host, until its
+        next push has been shifted."""
+
+    def attach(self, sim: Simulation) -> None:
+        self._sim = sim
+
+    def evaluate(self, now: float) -> None:
+        """Shifts are recomputed on every arrival and departure, for the jobs on each link."""
+        sim = self._sim
+        assert sim is not None
+        self._windows = {}
+        for host, link in sim.links.items():
+            jobs = [sim.jobs[name] for name in sim.host_jobs(host)]
+            mine = sorted(
+                (job for job in jobs if job.ps_hosts[0] == host),
+                key=lambda job: (job.arrival_s, job.name),
+            )
+            if not mine:
+                continue
+            cycle = max(_period(job, link.rate_bps) for job in jobs)
+            offset = 0.0
+            for job in mine:
+                self._windows[job.name] = (cycle, offset % cycle, now)
+                offset += job.link_s(link.rate_bps)
+
+    def release(self, job: str, now: float) -> float:
+        window = self._windows.pop(job, None)
+        if window is None:
+            return now
+        cycle, offset, epoch = window
+        k = math.ceil((now - epoch - offset) / cycle - 1e-9)
+        return max(now, epoch + offset + k * cycle)
+
+
+class CruxIntensity(Immediate):
+    def __init__(self, ps_bands: int = NUM_BANDS - 1) -> None:
+        self.ps_bands = ps_bands
+        self.tick_s: float | None = None  # the order changes only with arrivals, departures
+        self._sim: Simulation | None = None
+
+    def attach(self, sim: Simulation) -> None:
+        self._sim = sim
+
+    def evaluate(self, now: float) -> None:
+        sim = self._sim
+        assert sim is not None
+        running = sorted(
+            {name for host in sim.links for name in sim.host_jobs(host)},
+            key=lambda name: (-intensity(sim.jobs[name]), name),
+        )
+        bands = dict(zip(running, fold_bands(len(running), self.ps_bands), strict=True))
+        for host in sim.links:
+            sim.set_bands(host, {name: bands[name] for name in sim.host_jobs(host)})
+
+
+def intensity(job: SimJob) -> float:
+    """Computation per byte communicated: GPU-seconds per iteration over bytes pushed."""
+    return job.workers * job.compute_s / (job.model_bytes * job.workers)
+
+
+def _period(job: SimJob, rate_bps: float) -> float:
+    return job.link_s(rate_bps) + job.compute_s + job.overhead_s
