@@ -221,7 +221,7 @@ class StarvationGuard:
         limit = self.threshold(self.effective_bound)
         candidates: dict[str, float] = {}
         self.lags = {}
-        for job in jobs:
+        for job in sorted(jobs):  # ties among the most behind: by name, not by hash order
             if started is None or job in started or job in loads:
                 self._first_seen.setdefault(job, now)
             load = loads.get(job)
