@@ -26,26 +26,19 @@ import math
 
 from tensorlights.model import NUM_BANDS
 from tensorlights.policy.bands import fold_bands
-from tensorlights.sim.drivers import Immediate
-from tensorlights.sim.engine import SimJob, Simulation
+from tensorlights.sim.drivers import DriverBase
+from tensorlights.sim.engine import SimJob
 
 
-class CassiniShifts:
-    tick_s: float | None = None
-
+class CassiniShifts(DriverBase):
     def __init__(self) -> None:
-        self._sim: Simulation | None = None
         self._windows: dict[str, tuple[float, float, float]] = {}
         """Job -> (cycle, offset in it, the cycle's epoch) on its first PS host, until its
         next push has been shifted."""
 
-    def attach(self, sim: Simulation) -> None:
-        self._sim = sim
-
     def evaluate(self, now: float) -> None:
         """Shifts are recomputed on every arrival and departure, for the jobs on each link."""
-        sim = self._sim
-        assert sim is not None
+        sim = self.sim
         self._windows = {}
         for host, link in sim.links.items():
             jobs = [sim.jobs[name] for name in sim.host_jobs(host)]
@@ -70,18 +63,14 @@ class CassiniShifts:
         return max(now, epoch + offset + k * cycle)
 
 
-class CruxIntensity(Immediate):
+class CruxIntensity(DriverBase):
+    """No ticks: the order changes only with arrivals and departures."""
+
     def __init__(self, ps_bands: int = NUM_BANDS - 1) -> None:
         self.ps_bands = ps_bands
-        self.tick_s: float | None = None  # the order changes only with arrivals, departures
-        self._sim: Simulation | None = None
-
-    def attach(self, sim: Simulation) -> None:
-        self._sim = sim
 
     def evaluate(self, now: float) -> None:
-        sim = self._sim
-        assert sim is not None
+        sim = self.sim
         running = sorted(
             {name for host in sim.links for name in sim.host_jobs(host)},
             key=lambda name: (-intensity(sim.jobs[name]), name),

@@ -62,24 +62,31 @@ def agent_policy(
     )
 
 
-class Immediate:
-    """A driver that never holds a push (all but the time-shifting one)."""
+class DriverBase:
+    """What every driver shares: the simulation it is attached to, no ticks unless it sets
+    them, and pushes never held (all but the time-shifting baseline)."""
+
+    tick_s: float | None = None
+    _sim: Simulation | None = None
+
+    def attach(self, sim: Simulation) -> None:
+        self._sim = sim
+
+    @property
+    def sim(self) -> Simulation:
+        assert self._sim is not None, "attach() first"
+        return self._sim
 
     def release(self, job: str, now: float) -> float:
         return now
 
 
-class NoBands(Immediate):
-    tick_s: float | None = None
-
-    def attach(self, sim: Simulation) -> None:
-        pass
-
+class NoBands(DriverBase):
     def evaluate(self, now: float) -> None:
         pass
 
 
-class HostPolicies(Immediate):
+class HostPolicies(DriverBase):
     """Every host its own policy, each starting at its phase (before it: no bands)."""
 
     def __init__(
@@ -90,17 +97,15 @@ class HostPolicies(Immediate):
     ) -> None:
         self.make = make
         self.phases = dict(phases or {})
-        self.tick_s: float | None = tick_s
+        self.tick_s = tick_s
         self.policies: dict[str, BandPolicy] = {}
-        self._sim: Simulation | None = None
 
     def attach(self, sim: Simulation) -> None:
-        self._sim = sim
+        super().attach(sim)
         self.policies = {host: self.make() for host in sim.links}
 
     def evaluate(self, now: float) -> None:
-        sim = self._sim
-        assert sim is not None
+        sim = self.sim
         for host, policy in self.policies.items():
             if now < self.phases.get(host, 0.0):
                 continue
@@ -108,7 +113,7 @@ class HostPolicies(Immediate):
             sim.set_bands(host, plan.bands)
 
 
-class Coordinated(Immediate):
+class Coordinated(DriverBase):
     """Agents following the controller: each reports every `report_interval_s` (and at once
     when its jobs change, as the agent does), the controller replans on each round and
     every host is sent its plan (renewing its lease)."""
@@ -128,7 +133,7 @@ class Coordinated(Immediate):
         assert isinstance(slot, float) and isinstance(lease, float)
         assert isinstance(report, float)
         self.slot_s, self.lease_s, self.report_interval_s = slot, lease, report
-        self.tick_s: float | None = tick_s
+        self.tick_s = tick_s
         self.registry = Registry()
         self.planner = Planner(self.slot_s, self.lease_s, incarnation=1, policy=self.policy)
         self.followers: dict[str, PlanFollower] = {}
@@ -138,10 +143,9 @@ class Coordinated(Immediate):
         self._seq: dict[str, int] = {}
         self._reported: dict[str, set[str]] = {}
         self._next_report = 0.0
-        self._sim: Simulation | None = None
 
     def attach(self, sim: Simulation) -> None:
-        self._sim = sim
+        super().attach(sim)
         for host, link in sim.links.items():
             registration = Registration(host, 0, "sim", (("eth0", int(link.rate_bps)),), "pack")
             self._sessions[host] = self.registry.register(registration, now=0.0).session
@@ -149,8 +153,7 @@ class Coordinated(Immediate):
             self.followers[host] = PlanFollower(self.local())
 
     def evaluate(self, now: float) -> None:
-        sim = self._sim
-        assert sim is not None
+        sim = self.sim
         changed = any(sim.host_jobs(h) != self._reported.get(h) for h in self.followers)
         if now >= self._next_report or changed:
             self._round(sim, now)
@@ -196,7 +199,7 @@ class Coordinated(Immediate):
             )  # fmt: skip
 
 
-class PrototypeRR(Immediate):
+class PrototypeRR(DriverBase):
     def __init__(
         self,
         members: Mapping[str, list[str]],
@@ -208,17 +211,12 @@ class PrototypeRR(Immediate):
         self.members = {host: list(jobs) for host, jobs in members.items()}
         self.period_s = period_s
         self.phases = dict(phases or {})
-        self.tick_s: float | None = TICK_S
+        self.tick_s = TICK_S
         self._green = {host: 0 for host in self.members}
         self._rebuilt = {host: self.phases.get(host, 0.0) for host in self.members}
-        self._sim: Simulation | None = None
-
-    def attach(self, sim: Simulation) -> None:
-        self._sim = sim
 
     def evaluate(self, now: float) -> None:
-        sim = self._sim
-        assert sim is not None
+        sim = self.sim
         for host, jobs in self.members.items():
             if not jobs:
                 continue
