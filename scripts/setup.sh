@@ -25,9 +25,11 @@ install_missing() {  # apt-get install the given packages that are not installed
 
 install_missing iproute2 nftables ethtool python3 python3-venv python3-pip
 if [[ $extra == test ]]; then
-  # The tests start a real Slurm (munged, slurmctld, slurmd) and a real Prometheus (and its
-  # promtool) as plain processes, and build the Slurm plugin against Slurm's headers.
-  install_missing slurmctld slurmd munge slurm-client prometheus libslurm-dev gcc make
+  # The tests start a real Slurm (munged, slurmctld, slurmd), a real Prometheus (and its
+  # promtool) and a real etcd cluster (the controller replicas' election) as plain processes,
+  # and build the Slurm plugin against Slurm's headers.
+  install_missing slurmctld slurmd munge slurm-client prometheus etcd-server libslurm-dev \
+    gcc make
 elif [[ $extra == bench ]]; then
   install_missing iperf3  # scripts/bench_datapath_cost.py's line-rate traffic
 fi

@@ -12,6 +12,12 @@ State is rebuilt from scratch at every start: agents re-register (their sessions
 unknown to a new controller, so their next report is NOT_FOUND and they register again) and
 the sources are polled. Only the incarnation is kept (state_dir/incarnation), so that plans
 of a restarted controller order after those of the previous one even if the clock stepped.
+
+With `[ha] etcd`, this is one of several replicas: it campaigns in etcd
+(controller/election.py) and only the leader plans and serves agents and tlctl; a follower
+refuses them with the leader's address. Each term's incarnation comes from etcd, above every
+earlier leader's. A leader that cannot renew its term in time stops leading before etcd can
+elect another; a clean stop resigns, so another replica takes over at once.
 """
 
 from __future__ import annotations
@@ -20,6 +26,7 @@ import asyncio
 import contextlib
 import grp
 import logging
+import math
 import os
 import signal
 import time
@@ -32,6 +39,8 @@ from prometheus_client import CollectorRegistry
 from tensorlights import __version__
 from tensorlights.controller.config import ControllerConfig
 from tensorlights.controller.core import Controller, Source, WatchedSource
+from tensorlights.controller.election import Election, Term
+from tensorlights.controller.etcd import EtcdClient, EtcdError
 from tensorlights.controller.kubernetes import KubernetesPods
 from tensorlights.controller.metrics import ControllerMetrics
 from tensorlights.controller.planner import Planner
@@ -122,6 +131,12 @@ class ControllerApp:
         sources = build_sources(config)  # a bad jobs file stops us here
         metrics = ControllerMetrics(self.registry)
         incarnation = next_incarnation(config.state_dir, time.time_ns())
+        election = None
+        if config.etcd:
+            assert config.advertise is not None
+            client = EtcdClient(config.etcd)
+            ttl = math.ceil(config.election_ttl_s)
+            election = Election(client, config.advertise, ttl, config.etcd_prefix)
         controller = Controller(
             Registry(config.host_timeout_s),
             Planner(config.slot_s, config.lease_s, incarnation, config.policy),
@@ -156,6 +171,12 @@ class ControllerApp:
             for source, interval in sources
         ]
         tasks.append(asyncio.create_task(self._heartbeat(), name="heartbeat"))
+        terms: list[Term] = []
+        if election is not None:
+            controller.follow(None)  # until it wins a term
+            tasks.append(
+                asyncio.create_task(self._leadership(controller, election, terms), name="lead")
+            )
         log.info(
             "tensorlights-controller %s: agents on %s:%d (mTLS)%s, slot %.3gs, lease %.3gs, "
             "sources: %s",
@@ -175,6 +196,11 @@ class ControllerApp:
             for task in tasks:
                 task.cancel()
             await asyncio.gather(*tasks, return_exceptions=True)
+            if election is not None and terms and controller.leading:
+                try:  # another replica can take over at once, not after the TTL
+                    await asyncio.wait_for(asyncio.to_thread(election.resign, terms[-1]), 2.0)
+                except (EtcdError, TimeoutError) as exc:
+                    log.warning("could not resign the leadership (it expires by itself): %s", exc)
             for source, _ in sources:
                 if isinstance(source, WatchedSource):
                     await asyncio.to_thread(source.close)
@@ -187,6 +213,55 @@ class ControllerApp:
             http.close()
             self.notifier.close()
         return 0
+
+    async def _leadership(
+        self, controller: Controller, election: Election, terms: list[Term]
+    ) -> None:
+        """Campaign until elected, then renew the term; stop leading when it cannot be
+        renewed in time (see controller/election.py)."""
+        config = self.config
+        term: Term | None = None
+        failing = False
+        while True:
+            if term is None:
+                try:
+                    term = await asyncio.to_thread(election.campaign)
+                except EtcdError as exc:
+                    if not failing:
+                        log.warning("cannot campaign for the leadership: %s", exc)
+                    failing = True
+                else:
+                    failing = False
+                if term is None:
+                    controller.follow(election.known_leader)
+                    await asyncio.sleep(election.renew_every_s)
+                    continue
+                terms.append(term)
+                planner = Planner(config.slot_s, config.lease_s, term.incarnation, config.policy)
+                controller.lead(planner, election.address)
+                log.info("leading the controllers (incarnation %d)", term.incarnation)
+                continue
+            wait_s = min(election.renew_every_s, election.step_down_at(term) - time.monotonic())
+            await asyncio.sleep(max(0.0, wait_s))
+            budget_s = election.step_down_at(term) - time.monotonic()
+            renewed: Term | None = term
+            try:
+                renewed = await asyncio.wait_for(
+                    asyncio.to_thread(election.renew, term), max(0.01, budget_s)
+                )
+            except (EtcdError, TimeoutError) as exc:
+                if not failing:
+                    log.warning("cannot renew the leadership: %s", exc)
+                failing = True
+            else:
+                failing = False
+            if renewed is None or time.monotonic() >= election.step_down_at(renewed):
+                why = "its lease is gone" if renewed is None else "etcd did not answer in time"
+                log.warning("stopped leading (incarnation %d): %s", term.incarnation, why)
+                controller.follow(None)
+                term = None
+            else:
+                term = renewed
 
     def _local_server(self, controller: Controller) -> grpc.aio.Server | None:
         path = self.config.socket

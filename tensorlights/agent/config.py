@@ -157,7 +157,8 @@ class AgentConfig:
     )
     controller: str | None = spec.text_param(
         "controller.address",
-        "The controller's HOST:PORT; giving it turns standalone off.",
+        "The controller's HOST:PORT (several replicas: HOST:PORT,HOST:PORT,...); giving it "
+        "turns standalone off.",
         None,
         flag="--controller",
         metavar="HOST:PORT",
@@ -348,7 +349,8 @@ class AgentConfig:
                     "standalone = false needs the controller's address: [controller] address "
                     "or --controller HOST:PORT"
                 )
-            parse_address(self.controller)
+            for address in self.controller.split(","):
+                parse_address(address.strip())
             if self.controller_tls is None:
                 raise ConfigError(
                     "[controller] needs ca, cert and key: the link to the controller is always "

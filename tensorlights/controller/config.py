@@ -10,7 +10,7 @@ from pathlib import Path
 from typing import Any
 
 from tensorlights import configspec as spec
-from tensorlights.configfile import integer, text, tls_files
+from tensorlights.configfile import integer, parse_address, text, tls_files
 from tensorlights.controller.planner import ClusterPolicy
 from tensorlights.errors import ConfigError
 from tensorlights.tls_files import TlsFiles
@@ -22,6 +22,25 @@ DEFAULT_SOCKET = Path("/run/tensorlights-controller/tlctl.sock")
 def _socket(value: Any, key: str) -> Path | None:
     path = text(value, key)
     return Path(path) if path else None
+
+
+def _endpoints(value: Any, key: str) -> tuple[str, ...]:
+    """etcd client URLs: a TOML list, or one string with commas (the flag)."""
+    items = value.split(",") if isinstance(value, str) else value
+    if not isinstance(items, list) or not all(isinstance(item, str) for item in items):
+        raise ConfigError(f"{key} must be a list of etcd client URLs")
+    urls = tuple(item.strip() for item in items if item.strip())
+    for url in urls:
+        if not url.startswith(("http://", "https://")):
+            raise ConfigError(f"{key}: {url!r} is not an http:// or https:// URL")
+    return urls
+
+
+def _advertise(value: Any, key: str) -> str | None:
+    address = text(value, key)
+    if address:
+        parse_address(address)
+    return address or None
 
 
 def _command(value: Any, key: str) -> tuple[str, ...]:
@@ -159,11 +178,54 @@ class ControllerConfig:
         high=3600.0,
     )
 
+    etcd: tuple[str, ...] = spec.param(
+        "ha.etcd",
+        _endpoints,
+        "etcd client URLs: run as one of several replicas, the leader elected in etcd (none: "
+        "the only controller, no etcd needed).",
+        default=(),
+        flag="--etcd",
+        metavar="URL,URL",
+    )
+    advertise: str | None = spec.param(
+        "ha.advertise",
+        _advertise,
+        "With etcd: this replica's HOST:PORT as agents dial it (the other replicas send "
+        "agents here while it leads).",
+        default=None,
+        flag="--advertise",
+        metavar="HOST:PORT",
+    )
+    election_ttl_s: float = spec.duration_param(
+        "ha.ttl",
+        "With etcd: the leader's lease. A leader cut off from etcd stops leading within it, "
+        "and another replica takes over after it.",
+        5.0,
+        "--ha-ttl",
+        low=2.0,
+        high=60.0,
+    )
+    etcd_prefix: str = spec.text_param(
+        "ha.prefix", "With etcd: the keys' prefix.", "/tensorlights/controller"
+    )
+
     def __post_init__(self) -> None:
         spec.check_ranges(self)
         self.tls.read("tls")  # unreadable files: refuse to start
         if self.lease_s < 3 * self.report_interval_s:
             raise ConfigError("lease must be at least three report intervals")
+        if self.etcd:
+            if self.advertise is None:
+                raise ConfigError(
+                    "ha.etcd needs ha.advertise: the HOST:PORT agents dial for this replica"
+                )
+            most = self.lease_s / 2 - self.report_interval_s
+            if self.election_ttl_s > most:
+                # A new leader plans within half a lease of the old one's last renewal.
+                raise ConfigError(
+                    "ha.ttl must leave a new leader time to plan before agents' plans expire: "
+                    f"at most lease / 2 - report_interval ({most:g}s)"
+                )
 
 
 def build_config(file_values: Mapping[str, Any], overrides: Mapping[str, Any]) -> ControllerConfig:

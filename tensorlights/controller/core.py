@@ -32,6 +32,16 @@ log = logging.getLogger("tensorlights.controller")
 REPLAN_GAP_S = 0.05
 
 
+class NotLeader(TensorLightsError):
+    """This replica follows: agents belong with the leader (FAILED_PRECONDITION, the
+    leader's address in the `tl-leader` trailing metadata)."""
+
+    def __init__(self, leader: str | None) -> None:
+        where = f"the leader is at {leader}" if leader else "no leader is elected right now"
+        super().__init__(f"this controller replica does not lead: {where}")
+        self.leader = leader
+
+
 class Source(Protocol):
     name: str
 
@@ -75,6 +85,34 @@ class Controller:
         self._planned_version = -1
         self.changed = asyncio.Condition()
         """Notified after every replan (the operator Watch stream waits on it)."""
+        self.leading = True
+        """False while another replica leads (with etcd): no plans, agents sent there."""
+        self.leader: str | None = None
+        """The leader's address, as agents dial it (with etcd)."""
+
+    # Leadership (with etcd; one replica alone always leads) -------------------------------
+
+    def lead(self, planner: Planner, address: str) -> None:
+        """This replica leads from now, planning with `planner` (its term's incarnation)."""
+        self.registry.drop_hosts()
+        self.planner = planner
+        self.leading, self.leader = True, address
+        self._planned_version = -1
+        self.metrics.leader.set(1)
+        self.metrics.terms.inc()
+        self._dirty.set()
+
+    def follow(self, leader: str | None) -> None:
+        """Another replica leads (or none, for now): stop planning and end every plan stream
+        (their agents register again and are sent to the leader)."""
+        self.leader = leader
+        if not self.leading:
+            return
+        self.leading = False
+        self.metrics.leader.set(0)
+        self.registry.drop_hosts()
+        for event in self._plan_changed.values():
+            event.set()
 
     def now(self) -> float:
         return self._clock()
@@ -82,6 +120,8 @@ class Controller:
     # Agents -------------------------------------------------------------------------------
 
     def register(self, registration: Registration) -> HostRecord:
+        if not self.leading:
+            raise NotLeader(self.leader)
         record = self.registry.register(registration, self._clock())
         self.metrics.registrations.inc()
         log.info(
@@ -158,7 +198,8 @@ class Controller:
             with contextlib.suppress(TimeoutError):
                 await asyncio.wait_for(self._dirty.wait(), self.report_interval_s)
             self._dirty.clear()
-            self.replan()
+            if self.leading:
+                self.replan()
             async with self.changed:
                 self.changed.notify_all()
             await asyncio.sleep(REPLAN_GAP_S)

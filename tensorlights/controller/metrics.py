@@ -45,6 +45,17 @@ class ControllerMetrics:
             ["source"],
             registry=registry,
         )
+        self.leader = Gauge(
+            "tensorlights_controller_leader",
+            "1 while this replica leads (plans, serves agents); 0 while it follows",
+            registry=registry,
+        )
+        self.leader.set(1)
+        self.terms = Counter(
+            "tensorlights_controller_leader_terms",
+            "Times this replica became leader (with etcd)",
+            registry=registry,
+        )
         self.source_success = Gauge(
             "tensorlights_controller_source_last_success_timestamp_seconds",
             "When a membership source last answered",

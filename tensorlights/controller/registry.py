@@ -215,6 +215,15 @@ class Registry:
             self.version += 1
         return gone
 
+    def drop_hosts(self) -> None:
+        """Forget every host and session (this replica stopped leading: its agents register
+        with the leader, and with it again, anew, should it lead again). Sources stay."""
+        self.hosts.clear()
+        self._sessions.clear()
+        self._arrival.clear()
+        self._iterated.clear()
+        self.version += 1
+
     # Sources ------------------------------------------------------------------------------
 
     def set_source(self, source: str, jobs: Iterable[SourceJob]) -> None:

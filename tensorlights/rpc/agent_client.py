@@ -4,8 +4,13 @@ carries) to the agent through callbacks.
 
 The agent dials out; it listens on no TCP port. Any failure (controller down, stream cut,
 NOT_FOUND after a controller restart) drops the session: the link backs off (0.5 s doubling
-to 10 s) and registers again. The agent keeps following the last plan it had until that
+to 3 s) and registers again. The agent keeps following the last plan it had until that
 plan's lease ends, then its local policy decides (see policy/schedule.PlanFollower).
+
+With several controller replicas (addresses separated by commas), the link dials one; a
+follower refuses it naming the leader (the `tl-leader` trailing metadata), and the link goes
+there at once if that address is one of its own; an unreachable replica sends it to the next
+address, and it backs off only after a whole round failed.
 """
 
 from __future__ import annotations
@@ -43,6 +48,9 @@ log = logging.getLogger("tensorlights.agent.link")
 
 RPC_TIMEOUT_S = 5.0
 BACKOFF_FIRST_S = 0.5
+REDIRECT_PAUSE_S = 0.1
+"""Between a follower's refusal and dialling the leader it named (no tight loop should two
+replicas name each other while an election settles)."""
 BACKOFF_MAX_S = 3.0
 """Retries of an unreachable controller double up to this, each wait shortened by a random
 jitter of up to half (many agents do not retry in step). Short enough that an agent is back
@@ -64,7 +72,11 @@ class ControllerLink:
         on_state: Callable[[LinkState], None] = lambda state: None,
         on_vouchers: Callable[[tuple[Voucher, ...]], None] = lambda vouchers: None,
     ) -> None:
-        self.address = address
+        self.addresses = [item.strip() for item in address.split(",") if item.strip()]
+        if not self.addresses:
+            raise ValueError("no controller address")
+        self.address = self.addresses[0]
+        """The replica dialled now."""
         self.tls = tls
         self.server_name = server_name
         self.registration = registration
@@ -127,7 +139,7 @@ class ControllerLink:
             self._on_state(self.state)
 
     def _run(self) -> None:
-        backoff = 0.0
+        backoff = round_backoff = 0.0
         while not self._stop.is_set():
             if backoff:
                 self._stop.wait(backoff * random.uniform(0.5, 1.0))
@@ -137,12 +149,40 @@ class ControllerLink:
                 ) as channel:
                     self._session(pb_grpc.AgentLinkStub(channel))  # type: ignore[no-untyped-call]
                 backoff = BACKOFF_FIRST_S  # the controller ended the stream: register again
+                round_backoff = 0.0
             except grpc.RpcError as exc:
+                leader = self._leader_named(exc)
+                if leader is not None:
+                    self._set_state(LinkStatus.CONNECTING, f"sent to the leader at {leader}")
+                    self.address, backoff = leader, REDIRECT_PAUSE_S
+                    continue
                 self._failed(exc)
-                backoff = min(BACKOFF_MAX_S, max(BACKOFF_FIRST_S, backoff * 2))
+                if self._next_address() and self.address != self.addresses[0]:
+                    backoff = 0.0  # the next replica at once; the backoff is per round
+                    continue
+                round_backoff = min(BACKOFF_MAX_S, max(BACKOFF_FIRST_S, round_backoff * 2))
+                backoff = round_backoff
             except InvalidMessage as exc:
                 self._set_state(LinkStatus.REFUSED, f"the controller sent something invalid: {exc}")
                 backoff = BACKOFF_MAX_S
+
+    def _leader_named(self, exc: grpc.RpcError) -> str | None:
+        """The leader a follower replica named, if it is one of ours and not this one."""
+        if not isinstance(exc, grpc.Call) or exc.code() is not grpc.StatusCode.FAILED_PRECONDITION:
+            return None
+        named = dict(exc.trailing_metadata() or ()).get(convert.LEADER_METADATA)
+        if isinstance(named, str) and named in self.addresses and named != self.address:
+            return named
+        return None
+
+    def _next_address(self) -> bool:
+        """On to the next replica after a failure; False with one address (or none left to
+        try before a round's backoff)."""
+        if len(self.addresses) == 1:
+            return False
+        index = self.addresses.index(self.address) if self.address in self.addresses else -1
+        self.address = self.addresses[(index + 1) % len(self.addresses)]
+        return True
 
     def _failed(self, exc: grpc.RpcError) -> None:
         code = exc.code() if isinstance(exc, grpc.Call) else grpc.StatusCode.UNKNOWN

@@ -42,6 +42,9 @@ MAX_ROTATIONS_PER_REPORT = 1024
 MAX_INTERFACES = 64
 MAX_TEXT = 1024
 MAX_PODS_PER_JOB = 1024
+LEADER_METADATA = "tl-leader"
+"""Trailing metadata of a follower replica's refusal: the leader's HOST:PORT, where clients
+go instead (a client goes only to an address it was configured with)."""
 
 
 class InvalidMessage(ValueError):

@@ -1,5 +1,9 @@
 """tlctl's client of the controller's Operator API: over the local Unix socket (default) or
-mutual TLS, answers as plain JSON-ready dicts (times in Unix seconds)."""
+mutual TLS, answers as plain JSON-ready dicts (times in Unix seconds).
+
+Any replica will do: a follower refuses naming the leader (the `tl-leader` trailing
+metadata), and over TLS the client asks the leader instead, with the same certificate; over
+the local socket it says where the leader is."""
 
 from __future__ import annotations
 
@@ -15,6 +19,7 @@ import grpc
 from google.protobuf.message import Message
 
 from tensorlights.errors import PermanentError, TransientError
+from tensorlights.rpc.convert import LEADER_METADATA
 from tensorlights.rpc.tls import channel_credentials, channel_options, diagnose
 from tensorlights.rpc.v1 import operator_pb2 as pb
 from tensorlights.rpc.v1 import operator_pb2_grpc as pb_grpc
@@ -96,15 +101,19 @@ class OperatorClient:
         if address is not None:
             if tls is None:
                 raise PermanentError("--controller needs --ca, --cert and --key (mutual TLS)")
-            self.target = address
-            self._channel = grpc.secure_channel(
-                address, channel_credentials(tls, "tlctl"), channel_options(server_name)
-            )
+            self._dial(address, tls)
         else:
             assert socket_path is not None
             check_socket(socket_path)
             self.target = f"unix:{socket_path}"
             self._channel = grpc.insecure_channel(self.target)
+        self._stub = pb_grpc.OperatorStub(self._channel)  # type: ignore[no-untyped-call]
+
+    def _dial(self, address: str, tls: TlsFiles) -> None:
+        self.target = address
+        self._channel = grpc.secure_channel(
+            address, channel_credentials(tls, "tlctl"), channel_options(self._server_name)
+        )
         self._stub = pb_grpc.OperatorStub(self._channel)  # type: ignore[no-untyped-call]
 
     def close(self) -> None:
@@ -114,7 +123,23 @@ class OperatorClient:
         try:
             return getattr(self._stub, method)(request, timeout=self.timeout_s)
         except grpc.RpcError as exc:
+            if not self._to_leader(exc):
+                raise self._explain(exc) from None
+        try:
+            return getattr(self._stub, method)(request, timeout=self.timeout_s)
+        except grpc.RpcError as exc:
             raise self._explain(exc) from None
+
+    def _to_leader(self, exc: grpc.RpcError) -> bool:
+        """A follower named the leader: dial it instead (over TLS; once)."""
+        if not isinstance(exc, grpc.Call) or exc.code() is not grpc.StatusCode.FAILED_PRECONDITION:
+            return False
+        leader = dict(exc.trailing_metadata() or ()).get(LEADER_METADATA)
+        if not isinstance(leader, str) or self._tls is None or leader == self.target:
+            return False
+        self._channel.close()
+        self._dial(leader, self._tls)
+        return True
 
     def _explain(self, exc: grpc.RpcError) -> Exception:
         code = exc.code() if isinstance(exc, grpc.Call) else grpc.StatusCode.UNKNOWN
@@ -141,12 +166,18 @@ class OperatorClient:
         return to_dict(reply)
 
     def watch(self, interval_s: float) -> Iterator[dict[str, Any]]:
-        stream = self._stub.Watch(pb.WatchRequest(interval_ms=round(interval_s * 1000)))
-        try:
-            for view in stream:
-                yield to_dict(view)
-        except grpc.RpcError as exc:
-            if exc.code() is not grpc.StatusCode.CANCELLED:
+        request = pb.WatchRequest(interval_ms=round(interval_s * 1000))
+        for attempt in range(2):
+            stream = self._stub.Watch(request)
+            try:
+                for view in stream:
+                    yield to_dict(view)
+                return
+            except grpc.RpcError as exc:
+                if exc.code() is grpc.StatusCode.CANCELLED:
+                    return
+                if attempt == 0 and self._to_leader(exc):
+                    continue
                 raise self._explain(exc) from None
-        finally:
-            stream.cancel()
+            finally:
+                stream.cancel()

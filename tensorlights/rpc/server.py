@@ -15,10 +15,10 @@ from typing import Any, NoReturn, TypeAlias
 
 import grpc
 
-from tensorlights.controller.core import Controller, HostRotations
+from tensorlights.controller.core import Controller, HostRotations, NotLeader
 from tensorlights.controller.registry import HostRecord, JobView, StaleMessage, UnknownSession
 from tensorlights.rpc import convert
-from tensorlights.rpc.convert import InvalidMessage
+from tensorlights.rpc.convert import LEADER_METADATA, InvalidMessage
 from tensorlights.rpc.tls import peer_common_name, peer_roles
 from tensorlights.rpc.v1 import agent_link_pb2 as link_pb
 from tensorlights.rpc.v1 import operator_pb2 as op_pb
@@ -48,6 +48,17 @@ class _Handlers:
         self.controller.metrics.rejected.labels(code.name).inc()
         await context.abort(code, details)
         raise AssertionError("abort returns only by raising")
+
+    async def leading(self, context: Context) -> None:
+        """Only the leader serves agents and operators: a follower names it (the `tl-leader`
+        trailing metadata, which clients follow) and refuses."""
+        if not self.controller.leading:
+            await self.not_leader(context, NotLeader(self.controller.leader))
+
+    async def not_leader(self, context: Context, exc: NotLeader) -> NoReturn:
+        if exc.leader:
+            context.set_trailing_metadata(((LEADER_METADATA, exc.leader),))
+        await self.reject(context, grpc.StatusCode.FAILED_PRECONDITION, str(exc))
 
     async def checked(self, context: Context, parse: Callable[[bytes], Any], data: bytes) -> Any:
         try:
@@ -93,6 +104,8 @@ class _Handlers:
         await self.identity(context, registration.host)
         try:
             record = self.controller.register(registration)
+        except NotLeader as exc:
+            await self.not_leader(context, exc)
         except StaleMessage as exc:
             await self.reject(context, grpc.StatusCode.FAILED_PRECONDITION, str(exc))
         return link_pb.RegisterReply(
@@ -131,16 +144,19 @@ class _Handlers:
 
     async def list_jobs(self, data: bytes, context: Context) -> op_pb.ListJobsReply:
         await self.authorized(context)
+        await self.leading(context)
         await self.checked(context, lambda d: convert.parse(op_pb.ListJobsRequest, d), data)
         return op_pb.ListJobsReply(jobs=self._jobs())
 
     async def list_hosts(self, data: bytes, context: Context) -> op_pb.ListHostsReply:
         await self.authorized(context)
+        await self.leading(context)
         await self.checked(context, lambda d: convert.parse(op_pb.ListHostsRequest, d), data)
         return op_pb.ListHostsReply(hosts=self._hosts())
 
     async def get_rotations(self, data: bytes, context: Context) -> op_pb.GetRotationsReply:
         await self.authorized(context)
+        await self.leading(context)
         request = await self.checked(
             context, lambda d: convert.parse(op_pb.GetRotationsRequest, d), data
         )
@@ -157,6 +173,7 @@ class _Handlers:
 
     async def watch(self, data: bytes, context: Context) -> AsyncIterator[op_pb.ClusterView]:
         await self.authorized(context)
+        await self.leading(context)
         request = await self.checked(context, lambda d: convert.parse(op_pb.WatchRequest, d), data)
         interval_s = max(MIN_WATCH_INTERVAL_S, (request.interval_ms or 1000) / 1000)
         while True:

@@ -62,7 +62,10 @@ class ControllerProcess:
         socket: Path | None = None,
         metrics: str | None = None,
         max_open_files: int | None = None,
+        ready: Callable[[ControllerProcess], bool] | None = None,
     ) -> None:
+        """Started when `ready` (default: tlctl answers over the socket, which a follower
+        replica does not)."""
         self.workdir = workdir
         self.pki = pki
         self.listen = listen
@@ -80,7 +83,11 @@ class ControllerProcess:
         self.proc = subprocess.Popen(
             [*prefix, *command], stderr=self.log, env=env or clean_env(), text=True
         )
-        self.wait(lambda: self.socket.exists() and self.tlctl("hosts").returncode == 0)
+        self.metrics = metrics
+        if ready is None:
+            self.wait(lambda: self.socket.exists() and self.tlctl("hosts").returncode == 0)
+        else:
+            self.wait(lambda: ready(self))
 
     def tlctl(self, *args: str, uid: int | None = None) -> subprocess.CompletedProcess[str]:
         """tlctl over the local socket (as user `uid` when given)."""

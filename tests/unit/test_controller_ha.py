@@ -1,0 +1,85 @@
+"""Controller replicas: the [ha] settings, and a replica's core as it leads and follows."""
+
+from __future__ import annotations
+
+import asyncio
+from pathlib import Path
+from typing import Any
+
+import pytest
+from prometheus_client import CollectorRegistry
+
+from tensorlights.controller.config import build_config
+from tensorlights.controller.core import Controller, NotLeader
+from tensorlights.controller.metrics import ControllerMetrics
+from tensorlights.controller.planner import Planner
+from tensorlights.controller.registry import Registry, UnknownSession
+from tensorlights.errors import ConfigError
+from tensorlights.model import HostReport, Registration, ReportedJob
+
+
+def _tls(tmp_path: Path) -> dict[str, str]:
+    for name in ("ca", "cert", "key"):
+        (tmp_path / name).write_text("x")
+    return {name: str(tmp_path / name) for name in ("ca", "cert", "key")}
+
+
+@pytest.mark.parametrize(
+    ("ha", "message"),
+    [
+        ({"etcd": ["http://e1:2379"]}, "ha.etcd needs ha.advertise"),
+        ({"etcd": ["e1:2379"], "advertise": "c1:9740"}, "not an http:// or https:// URL"),
+        ({"etcd": "http://e1:2379", "advertise": "c1"}, "must be HOST:PORT"),
+        ({"etcd": ["http://e1:2379"], "advertise": "c1:9740", "ttl": "7s"}, "at most"),
+    ],
+)
+def test_ha_settings_are_checked(ha: dict[str, Any], message: str, tmp_path: Path) -> None:
+    with pytest.raises(ConfigError, match=message):
+        build_config({"tls": _tls(tmp_path), "ha": ha}, {})
+
+
+def test_ha_endpoints_come_as_a_list_or_with_commas(tmp_path: Path) -> None:
+    listed = build_config(
+        {"tls": _tls(tmp_path), "ha": {"etcd": ["http://a:1", "http://b:1"], "advertise": "c:9"}},
+        {},
+    )
+    flagged = build_config(
+        {"tls": _tls(tmp_path)}, {"ha.etcd": "http://a:1, http://b:1", "ha.advertise": "c:9"}
+    )
+    assert listed.etcd == flagged.etcd == ("http://a:1", "http://b:1")
+    assert build_config({"tls": _tls(tmp_path)}, {}).etcd == ()  # one controller: no etcd
+
+
+def test_a_follower_refuses_agents_and_a_new_term_starts_from_nothing() -> None:
+    async def scenario() -> None:
+        registry = CollectorRegistry()
+        metrics = ControllerMetrics(registry)
+        controller = Controller(Registry(), Planner(3.0, 15.0, 1, "pack"), metrics, 1.0)
+        registration = Registration("h1", 10, "t", (("eth0", 10**9),), "pack")
+        record = controller.register(registration)  # one replica alone: it leads
+        job = ReportedJob("j", frozenset({1}), 1, 1)
+        controller.report(HostReport(record.session, 1, (job,), (), "plan", ""))
+        stream = controller.stream_opened(record)
+
+        controller.follow("c2:9740")
+        assert stream.is_set(), "plan streams are woken to end"
+        assert not controller.current(record)
+        with pytest.raises(NotLeader, match="the leader is at c2:9740") as refused:
+            controller.register(registration)
+        assert refused.value.leader == "c2:9740"
+        with pytest.raises(UnknownSession):
+            controller.report(HostReport(record.session, 2, (job,), (), "plan", ""))
+        assert registry.get_sample_value("tensorlights_controller_leader") == 0
+        controller.follow(None)
+        with pytest.raises(NotLeader, match="no leader is elected"):
+            controller.register(registration)
+
+        controller.lead(Planner(3.0, 15.0, 7, "pack"), "c1:9740")
+        again = controller.register(registration)
+        assert again.session != record.session
+        assert controller.planner.incarnation == 7
+        assert controller.plan_for("h1").incarnation == 7
+        assert registry.get_sample_value("tensorlights_controller_leader") == 1
+        assert registry.get_sample_value("tensorlights_controller_leader_terms_total") == 1
+
+    asyncio.run(scenario())
