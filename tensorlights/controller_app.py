@@ -142,6 +142,7 @@ class ControllerApp:
             Planner(config.slot_s, config.lease_s, incarnation, config.policy),
             metrics,
             config.report_interval_s,
+            heartbeat_interval_s=config.heartbeat_interval_s,
         )
         server = grpc.aio.server(options=[*SERVER_OPTIONS, *tcp_limits(config)])
         server.add_generic_rpc_handlers(

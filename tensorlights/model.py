@@ -6,7 +6,7 @@ import functools
 import ipaddress
 import math
 import re
-from collections.abc import Mapping
+from collections.abc import Mapping, Sequence
 from dataclasses import dataclass, field
 from enum import StrEnum
 from typing import NamedTuple, TypeVar
@@ -347,6 +347,37 @@ class ReportedJob:
     kind: JobKind = JobKind.PS
 
 
+DEMAND_NOISE = 1.1
+"""Demands within this factor of each other are the same measurement (pack groups them
+within x1.3): moving less is not news to the controller."""
+
+
+def demand_moved(old: float | None, new: float | None) -> bool:
+    """A change of a job's reported demand worth telling the controller (and replanning)."""
+    if old is None or new is None:
+        return old is not new
+    return max(old, new) > DEMAND_NOISE * min(old, new)
+
+
+def jobs_moved(old: Sequence[ReportedJob], new: Sequence[ReportedJob]) -> bool:
+    """News between two reports of a host's jobs: a job came or went, or its ports, kind,
+    processes or connections changed, or its demand moved beyond noise, or it began (or
+    ceased) to be measured iterating, which the controller's order holds on (telemetry that
+    only fluctuates, spread and period, is not news: heartbeats carry it)."""
+    before = {job.job: job for job in old}
+    after = {job.job: job for job in new}
+    if before.keys() != after.keys():
+        return True
+
+    def shape(job: ReportedJob) -> tuple[object, ...]:
+        return (job.ports, job.kind, job.processes, job.connections, job.period_s is None)
+
+    return any(
+        shape(before[name]) != shape(job) or demand_moved(before[name].demand, job.demand)
+        for name, job in after.items()
+    )
+
+
 @dataclass(frozen=True)
 class AppliedRotation:
     """A green-light change an agent applied: who, when (Unix seconds), under which plan."""
@@ -397,6 +428,8 @@ class LinkState:
     plans: int = 0
     last_plan_generation: int = 0
     reports: int = 0
+    reports_skipped: int = 0
+    """Report intervals with no news and no heartbeat due: nothing sent."""
     since: float = 0.0
     """Unix time of the last change of state."""
 

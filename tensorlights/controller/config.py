@@ -126,7 +126,20 @@ class ControllerConfig:
         "--policy",
     )
     report_interval_s: float = spec.duration_param(
-        "report_interval", "How often agents report.", 1.0, low=0.1, high=3600.0
+        "report_interval",
+        "How often agents look for news to report (jobs, ports, a demand that moved, a "
+        "rotation applied): news waits at most this long.",
+        1.0,
+        low=0.1,
+        high=3600.0,
+    )
+    heartbeat_interval_s: float = spec.duration_param(
+        "heartbeat_interval",
+        "A report with no news is sent only this often (it refreshes telemetry for tlctl).",
+        10.0,
+        "--heartbeat-interval",
+        low=0.1,
+        high=3600.0,
     )
     host_timeout_s: float = spec.duration_param(
         "host_timeout",
@@ -214,6 +227,10 @@ class ControllerConfig:
         self.tls.read("tls")  # unreadable files: refuse to start
         if self.lease_s < 3 * self.report_interval_s:
             raise ConfigError("lease must be at least three report intervals")
+        if not self.report_interval_s <= self.heartbeat_interval_s <= self.host_timeout_s / 2:
+            raise ConfigError(
+                "heartbeat_interval must be between report_interval and half of host_timeout"
+            )
         if self.etcd:
             if self.advertise is None:
                 raise ConfigError(

@@ -74,11 +74,14 @@ class Controller:
         metrics: ControllerMetrics,
         report_interval_s: float,
         clock: Callable[[], float] = time.time,
+        heartbeat_interval_s: float | None = None,
     ) -> None:
         self.registry = registry
         self.planner = planner
         self.metrics = metrics
         self.report_interval_s = report_interval_s
+        self.heartbeat_interval_s = heartbeat_interval_s or report_interval_s
+        """Agents send a report with no news only this often."""
         self._clock = clock
         self._dirty = asyncio.Event()
         self._plan_changed: dict[str, asyncio.Event] = {}

@@ -33,6 +33,7 @@ from tensorlights.model import (
     ReportedJob,
     Voucher,
     VoucherSource,
+    demand_moved,
 )
 
 SOURCES = ("agent", "slurm", "static", "kubernetes")
@@ -180,7 +181,7 @@ class Registry:
             j: r.ports for j, r in record.jobs.items()
         }
         if ports_changed or any(
-            _demand_moved(record.jobs[j].demand, r.demand) for j, r in jobs.items()
+            demand_moved(record.jobs[j].demand, r.demand) for j, r in jobs.items()
         ):
             self.version += 1
         record.seq = report.seq
@@ -369,10 +370,3 @@ def _vouchers(source: str, job: SourceJob) -> Iterable[tuple[str, Voucher]]:
     elif source in (VoucherSource.SLURM, VoucherSource.STATIC) and job.user:
         for node in job.nodes:
             yield node, Voucher(job.job, VoucherSource(source), user=job.user)
-
-
-def _demand_moved(old: float | None, new: float | None) -> bool:
-    """A change worth a replan under pack (it groups demands within x1.3)."""
-    if old is None or new is None:
-        return old is not new
-    return max(old, new) > 1.1 * min(old, new)

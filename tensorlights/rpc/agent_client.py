@@ -35,6 +35,7 @@ from tensorlights.model import (
     Registration,
     ReportedJob,
     Voucher,
+    jobs_moved,
     visible,
 )
 from tensorlights.rpc import convert
@@ -214,6 +215,7 @@ class ControllerLink:
             controller_incarnation=reply.controller_incarnation,
         )
         interval_s = max(0.05, reply.report_interval_ms / 1000 or 1.0)
+        heartbeat_s = max(interval_s, reply.heartbeat_interval_ms / 1000)
         plans = stub.WatchPlan(pb.WatchPlanRequest(session=reply.session))
         stream_error: list[Exception] = []
         watcher = threading.Thread(
@@ -221,10 +223,18 @@ class ControllerLink:
         )
         watcher.start()
         seq = 0
+        sent: HostReport | None = None
+        sent_at = 0.0
         try:
             while not self._stop.is_set() and watcher.is_alive():
-                seq += 1
-                self._report(stub, reply.session, seq)
+                report = self._next_report(reply.session, seq + 1)
+                # News at once, otherwise a heartbeat: 10x fewer reports than every second.
+                if sent is None or _news(sent, report) or time.monotonic() - sent_at >= heartbeat_s:
+                    seq += 1
+                    self._report(stub, report)
+                    sent, sent_at = report, time.monotonic()
+                else:
+                    self._count(reports_skipped=self.state.reports_skipped + 1)
                 self._report_now.wait(interval_s)
                 self._report_now.clear()
         finally:
@@ -233,12 +243,18 @@ class ControllerLink:
         if stream_error and not self._stop.is_set():
             raise stream_error[0]
 
-    def _report(self, stub: pb_grpc.AgentLinkStub, session: str, seq: int) -> None:
+    def _next_report(self, session: str, seq: int) -> HostReport:
+        """What a report would say now (the rotations applied since the last one sent)."""
         with self._lock:
-            rotations, self._rotations = self._rotations, []
-            report = HostReport(
-                session, seq, self._jobs, tuple(rotations), self._mode, visible(self._health)[:1000]
-            )
+            return HostReport(
+                session, seq, self._jobs, tuple(self._rotations), self._mode,
+                visible(self._health)[:1000],
+            )  # fmt: skip
+
+    def _report(self, stub: pb_grpc.AgentLinkStub, report: HostReport) -> None:
+        with self._lock:
+            rotations = report.rotations
+            del self._rotations[: len(rotations)]
         try:
             reply = stub.Report(convert.report_message(report), timeout=RPC_TIMEOUT_S)
         except grpc.RpcError:
@@ -259,3 +275,14 @@ class ControllerLink:
                 errors.append(exc)
         except InvalidMessage as exc:
             errors.append(exc)
+
+
+def _news(sent: HostReport, now: HostReport) -> bool:
+    """Whether `now` tells the controller something `sent` did not (model.jobs_moved: jobs,
+    ports, a demand beyond noise), or carries rotations, or a new mode or health."""
+    return (
+        bool(now.rotations)
+        or now.mode != sent.mode
+        or now.health != sent.health
+        or jobs_moved(sent.jobs, now.jobs)
+    )

@@ -112,6 +112,7 @@ class _Handlers:
             session=record.session,
             controller_incarnation=self.controller.planner.incarnation,
             report_interval_ms=round(self.controller.report_interval_s * 1000),
+            heartbeat_interval_ms=round(self.controller.heartbeat_interval_s * 1000),
         )
 
     async def report(self, data: bytes, context: Context) -> link_pb.ReportReply:

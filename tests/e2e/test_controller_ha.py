@@ -9,7 +9,7 @@ import threading
 import time
 import urllib.request
 from collections.abc import Callable, Iterator
-from dataclasses import dataclass, field
+from dataclasses import dataclass, field, replace
 from pathlib import Path
 
 import pytest
@@ -249,3 +249,47 @@ def _tlctl_tls(ha: Cluster, index: int, *args: str) -> str:
     )  # fmt: skip
     assert result.returncode == 0, result.stderr
     return result.stdout
+
+
+def test_agents_report_news_at_once_and_otherwise_only_a_heartbeat(tmp_path: Path) -> None:
+    """One controller (no etcd): a link with nothing new sends a report per heartbeat, not
+    per report interval; a new job, a moved demand or an applied rotation goes at once."""
+    from tensorlights.model import AppliedRotation
+
+    pki = make_pki(tmp_path / "pki", ["127.0.0.1"], [HOST])
+    port = free_port()
+    controller = ControllerProcess(
+        None, tmp_path, pki, "--heartbeat-interval", "3s",
+        listen=f"127.0.0.1:{port}", metrics=f"127.0.0.1:{free_port()}",
+    )  # fmt: skip
+
+    def reports() -> float:
+        with urllib.request.urlopen(f"http://{controller.metrics}/metrics", timeout=2) as reply:
+            for line in reply.read().decode().splitlines():
+                if line.startswith("tensorlights_controller_reports_total "):
+                    return float(line.split()[1])
+        raise AssertionError("no reports counter")
+
+    tls = TlsFiles(pki / "ca.pem", pki / f"{HOST}.pem", pki / f"{HOST}.key")
+    registration = Registration(HOST, time.time_ns(), "test", (("eth0", 10**9),), "pack")
+    link = ControllerLink(f"127.0.0.1:{port}", tls, "127.0.0.1", registration, lambda p: None)
+    job = ReportedJob("job-a", frozenset({5000}), 1, 1, demand=0.5)
+    link.update((job,), Mode.LOCAL, "")
+    link.start()
+    try:
+        wait(lambda: reports() == 1, 10, "the first report")
+        quiet_from = time.monotonic()
+        wait(lambda: link.state.reports_skipped >= 2, 5, "report intervals with no news")
+        assert reports() == 1
+        link.update((replace(job, demand=0.52),), Mode.LOCAL, "")  # noise: not news
+        time.sleep(1.2)
+        assert reports() == 1
+        link.update((replace(job, demand=0.7),), Mode.LOCAL, "")  # news: at once
+        wait(lambda: reports() == 2, 1.5, "a report of the moved demand")
+        link.applied(AppliedRotation("job-a", time.time(), 1))
+        wait(lambda: reports() == 3, 1.5, "a report of the applied rotation")
+        beat = wait(lambda: reports() == 4, 5, "a heartbeat")
+        assert beat - quiet_from >= 3 - 0.5
+    finally:
+        link.stop()
+        controller.stop()

@@ -83,3 +83,20 @@ def test_a_follower_refuses_agents_and_a_new_term_starts_from_nothing() -> None:
         assert registry.get_sample_value("tensorlights_controller_leader_terms_total") == 1
 
     asyncio.run(scenario())
+
+
+def test_news_is_what_the_plan_depends_on_not_telemetry_noise() -> None:
+    from tensorlights.model import jobs_moved
+
+    job = ReportedJob("j", frozenset({1}), 1, 1, spread_s=0.01, period_s=0.3, demand=0.5)
+    same = ReportedJob("j", frozenset({1}), 1, 1, spread_s=0.02, period_s=0.31, demand=0.53)
+    assert not jobs_moved((job,), (same,))
+    for news in (
+        (),  # gone
+        (job, ReportedJob("k", frozenset({2}), 1, 1)),  # new
+        (ReportedJob("j", frozenset({1, 3}), 1, 2, period_s=0.3, demand=0.5),),  # ports
+        (ReportedJob("j", frozenset({1}), 1, 1, period_s=0.3, demand=0.7),),  # demand
+        (ReportedJob("j", frozenset({1}), 1, 1, demand=0.5),),  # no longer iterating
+        (ReportedJob("j", frozenset({1}), 1, 1, period_s=0.3),),  # demand no longer trusted
+    ):
+        assert jobs_moved((job,), news), news

@@ -29,14 +29,16 @@ class RegisterRequest(_message.Message):
     def __init__(self, host: _Optional[str] = ..., agent_incarnation: _Optional[int] = ..., agent_version: _Optional[str] = ..., interfaces: _Optional[_Iterable[_Union[Interface, _Mapping]]] = ..., fallback_policy: _Optional[str] = ...) -> None: ...
 
 class RegisterReply(_message.Message):
-    __slots__ = ("session", "controller_incarnation", "report_interval_ms")
+    __slots__ = ("session", "controller_incarnation", "report_interval_ms", "heartbeat_interval_ms")
     SESSION_FIELD_NUMBER: _ClassVar[int]
     CONTROLLER_INCARNATION_FIELD_NUMBER: _ClassVar[int]
     REPORT_INTERVAL_MS_FIELD_NUMBER: _ClassVar[int]
+    HEARTBEAT_INTERVAL_MS_FIELD_NUMBER: _ClassVar[int]
     session: str
     controller_incarnation: int
     report_interval_ms: int
-    def __init__(self, session: _Optional[str] = ..., controller_incarnation: _Optional[int] = ..., report_interval_ms: _Optional[int] = ...) -> None: ...
+    heartbeat_interval_ms: int
+    def __init__(self, session: _Optional[str] = ..., controller_incarnation: _Optional[int] = ..., report_interval_ms: _Optional[int] = ..., heartbeat_interval_ms: _Optional[int] = ...) -> None: ...
 
 class PsJob(_message.Message):
     __slots__ = ("job", "ports", "processes", "connections", "spread_s", "period_s", "demand", "kind")
