@@ -10,17 +10,23 @@ plan    times Planner.update (the coordinated schedule plus every host's slot or
         from scratch, then after one job arrives (what a report usually causes).
 agents  starts a real controller process on loopback (mutual TLS, certificates from
         scripts/dev_ca.py) and N simulated agents in one asyncio process, each with its own
-        certificate and TLS connection: register, hold the plan stream, report every report
-        interval (1 s) with two jobs. Prints report latency over time (a backlog would make it
-        grow), reports accepted vs sent, plans received, and the controller's CPU and RSS.
+        certificate and TLS connection: register, hold the plan stream, and report as agents
+        do (rpc/agent_client.py): news at once, otherwise a heartbeat every 10 s
+        (--every-second: a report every second, as agents did before). With --churn R, R
+        job starts or stops per second across the cluster, each on a random agent, which
+        reports it at once; the time until that agent's plan stream brings its new plan is
+        the membership change's propagation. Prints report latency over time (a backlog
+        would make it grow), propagation, reports and plans, the controller's CPU and RSS.
 """
 
 from __future__ import annotations
 
 import argparse
 import asyncio
+import contextlib
 import os
 import random
+import resource
 import shutil
 import statistics
 import subprocess
@@ -28,6 +34,7 @@ import sys
 import tempfile
 import time
 from collections import Counter
+from dataclasses import dataclass, field
 from pathlib import Path
 
 import grpc
@@ -93,16 +100,29 @@ def proc_rss_mib(pid: int) -> float:
     return 0.0
 
 
-async def simulated_agent(
-    index: int, target: str, pki: Path, seconds: float, latencies: list[tuple[float, float]],
-    counters: dict[str, int], start_at: float,
-) -> None:  # fmt: skip
-    host = f"sim{index:04d}"
+@dataclass
+class Run:
+    """What the simulated agents measured."""
+
+    start_at: float
+    every_second: bool
+    latencies: list[tuple[float, float]] = field(default_factory=list)
+    """(seconds into the run, report latency)"""
+    propagation: list[float] = field(default_factory=list)
+    counters: Counter[str] = field(default_factory=Counter)
+    churning: bool = False
+
+
+async def simulated_agent(index: int, target: str, pki: Path, seconds: float, run: Run) -> None:
+    host = f"sim{index:05d}"
     credentials = grpc.ssl_channel_credentials(
         (pki / "ca.pem").read_bytes(),
         (pki / f"{host}.key").read_bytes(),
         (pki / f"{host}.pem").read_bytes(),
     )
+    # Registrations ramp up (a real restart's agents come back over their 0.5-3 s backoff);
+    # all at once, TLS handshakes queue past the controller's handshake_timeout.
+    await asyncio.sleep(index / REGISTER_RATE)
     async with grpc.aio.secure_channel(target, credentials) as channel:
         register = channel.unary_unary("/tensorlights.rpc.v1.AgentLink/Register")
         report = channel.unary_unary("/tensorlights.rpc.v1.AgentLink/Report")
@@ -111,12 +131,16 @@ async def simulated_agent(
             host=host, agent_incarnation=time.time_ns(), agent_version="bench",
             interfaces=[pb.Interface(name="eth0", link_rate_bps=10**10)], fallback_policy="rotate",
         )  # fmt: skip
-        reply = pb.RegisterReply.FromString(await register(request.SerializeToString(), timeout=30))
+        reply = pb.RegisterReply.FromString(await register(request.SerializeToString(), timeout=60))
         stream = watch(pb.WatchPlanRequest(session=reply.session).SerializeToString())
+        changed_at: list[float] = []
 
         async def plans() -> None:
-            async for _ in stream:
-                counters["plans"] += 1
+            with contextlib.suppress(grpc.aio.AioRpcError, asyncio.CancelledError):
+                async for _ in stream:
+                    run.counters["plans"] += 1
+                    if changed_at:
+                        run.propagation.append(time.monotonic() - changed_at.pop())
 
         reader = asyncio.create_task(plans())
         rng = random.Random(index)
@@ -125,37 +149,81 @@ async def simulated_agent(
                      connections=16)
             for i in range(2)
         ]  # fmt: skip
-        await asyncio.sleep(max(0.0, start_at - time.monotonic()) + rng.random())
+        await asyncio.sleep(max(0.0, run.start_at - time.monotonic()) + rng.random())
         seq = 0
-        end = start_at + seconds
+        end = run.start_at + seconds
+        heartbeat_s = 1.0 if run.every_second else reply.heartbeat_interval_ms / 1000 or 1.0
+        news = asyncio.Event()
+        if run.churning:
+            agents_news[index] = news
+        next_beat = time.monotonic()
         while time.monotonic() < end:
+            if news.is_set():  # a job started or stopped here
+                news.clear()
+                if len(jobs) > 1 and rng.random() < 0.5:
+                    jobs.pop(rng.randrange(len(jobs)))
+                else:
+                    port = 4000 + seq
+                    jobs.append(pb.PsJob(job=f"new/{index}/{seq}", ports=[port], processes=1))
+                changed_at[:] = [time.monotonic()]
             seq += 1
             message = pb.AgentReport(session=reply.session, seq=seq, jobs=jobs, mode="plan")
             sent = time.monotonic()
-            await report(message.SerializeToString(), timeout=30)
-            latencies.append((sent - start_at, time.monotonic() - sent))
-            counters["reports"] += 1
-            await asyncio.sleep(max(0.0, 1.0 - (time.monotonic() - sent)))
+            await report(message.SerializeToString(), timeout=60)
+            run.latencies.append((sent - run.start_at, time.monotonic() - sent))
+            run.counters["reports"] += 1
+            next_beat = sent + heartbeat_s
+            with contextlib.suppress(TimeoutError):
+                await asyncio.wait_for(
+                    news.wait(), max(0.0, min(next_beat, end) - time.monotonic())
+                )
         stream.cancel()
         reader.cancel()
 
 
-async def run_agents(count: int, target: str, pki: Path, seconds: float) -> dict[str, object]:
-    latencies: list[tuple[float, float]] = []
-    counters = {"reports": 0, "plans": 0}
-    start_at = time.monotonic() + 10  # everyone registers first
-    await asyncio.gather(
-        *(simulated_agent(i, target, pki, seconds, latencies, counters, start_at)
-          for i in range(count))
-    )  # fmt: skip
-    return {"latencies": latencies, **counters}
+REGISTER_RATE = 200.0
+"""Simulated agents registering per second."""
 
 
-def bench_agents(count: int, seconds: float) -> None:
+def settle_s(count: int) -> float:
+    """When every simulated agent has registered: the measured window starts."""
+    return count / REGISTER_RATE + 10
+
+
+agents_news: dict[int, asyncio.Event] = {}
+"""Each agent's news flag, for the churn (one process: a module dict)."""
+
+
+async def churn(rate: float, run: Run, seconds: float) -> None:
+    await asyncio.sleep(max(0.0, run.start_at - time.monotonic()) + 2)
+    rng = random.Random(7)
+    end = run.start_at + seconds - 2
+    while time.monotonic() < end and agents_news:
+        agents_news[rng.choice(list(agents_news))].set()
+        run.counters["churn"] += 1
+        await asyncio.sleep(rng.expovariate(rate))
+
+
+async def run_agents(
+    count: int, target: str, pki: Path, seconds: float, every_second: bool, rate: float
+) -> Run:
+    run = Run(time.monotonic() + settle_s(count), every_second)  # everyone registers first
+    run.churning = rate > 0
+    tasks = [simulated_agent(i, target, pki, seconds, run) for i in range(count)]
+    if rate > 0:
+        tasks.append(churn(rate, run, seconds))
+    await asyncio.gather(*tasks)
+    return run
+
+
+def bench_agents(count: int, seconds: float, every_second: bool, rate: float) -> None:
+    # One descriptor per connection on each side (and the controller inherits the limit).
+    _, hard = resource.getrlimit(resource.RLIMIT_NOFILE)
+    resource.setrlimit(resource.RLIMIT_NOFILE, (hard, hard))
     work = Path(tempfile.mkdtemp(prefix="tl-bench-ctl-"))
     try:
         pki = work / "pki"
-        agents = [arg for i in range(count) for arg in ("--agent", f"sim{i:04d}")]
+        agents = [arg for i in range(count) for arg in ("--agent", f"sim{i:05d}")]
         subprocess.run(
             [sys.executable, str(ROOT / "scripts" / "dev_ca.py"), str(pki), "--controller",
              "127.0.0.1", *agents], check=True, capture_output=True,
@@ -168,48 +236,62 @@ def bench_agents(count: int, seconds: float) -> None:
              str(work / "ctl.sock"), "--metrics-address", f"127.0.0.1:{free_port()}",
              "--state-dir", str(work / "state"), "--tls-ca", str(pki / "ca.pem"),
              "--tls-cert", str(pki / "controller.pem"), "--tls-key",
-             str(pki / "controller.key"), "--log-level", "warning"],
+             str(pki / "controller.key"), "--log-level", "warning", "--policy", "pack"],
             cwd=ROOT,
         )  # fmt: skip
         try:
             deadline = time.monotonic() + 20
             while not (work / "ctl.sock").exists() and time.monotonic() < deadline:
                 time.sleep(0.1)
-            cpu_before = proc_cpu_s(controller.pid)
-            wall_before = time.monotonic()
-            result = asyncio.run(run_agents(count, f"127.0.0.1:{port}", pki, seconds))
-            cpu = proc_cpu_s(controller.pid) - cpu_before
-            wall = time.monotonic() - wall_before
+            started = asyncio.run(_timed(count, f"127.0.0.1:{port}", pki, seconds, every_second,
+                                         rate, controller.pid))  # fmt: skip
+            run, cpu, wall = started
             rss = proc_rss_mib(controller.pid)
         finally:
             controller.terminate()
             controller.wait(15)
-        latencies = result["latencies"]
-        assert isinstance(latencies, list)
+        mode = "a report every second" if every_second else "news at once, heartbeats every 10 s"
+        print(f"agents: {count} simulated agents (mTLS, one connection each), {mode}, "
+              f"{seconds:.0f} s, churn {rate:g} job starts/stops per second")  # fmt: skip
         print(
-            f"agents: {count} simulated agents (mTLS, one connection each), "
-            f"{seconds:.0f} s of reports at 1/s each"
+            f"  reports {run.counters['reports']} ({run.counters['reports'] / seconds:.0f}/s), "
+            f"plans received {run.counters['plans']}, churn events {run.counters['churn']}"
         )
-        print(
-            f"  reports accepted {result['reports']} (offered about {count * seconds:.0f}), "
-            f"plans received {result['plans']}"
-        )
-        tenth = seconds / 10
-        for name, lo, hi in (("first", 0, tenth * 3), ("last", seconds - tenth * 3, seconds)):
-            window = sorted(lat for at, lat in latencies if lo <= at < hi)
-            if window:
-                p50 = window[len(window) // 2] * 1000
-                p99 = window[int(len(window) * 0.99)] * 1000
-                print(
-                    f"  report latency, {name} 30%: p50 {p50:6.1f} ms  p99 {p99:6.1f} ms "
-                    f"({len(window)} reports)"
-                )
-        print(
-            f"  controller CPU {cpu / wall * 100:.0f}% of one core over the run "
-            f"(with registration), RSS {rss:.0f} MiB"
-        )
+        steady = sorted(lat for at, lat in run.latencies if at >= 0)
+        if steady:
+            print(
+                f"  report latency p50 {_pct(steady, 0.5):6.1f} ms  "
+                f"p99 {_pct(steady, 0.99):6.1f} ms"
+            )
+        if run.propagation:
+            spread = sorted(run.propagation)
+            print(
+                f"  membership change -> the agent's new plan: p50 {_pct(spread, 0.5):6.1f} ms  "
+                f"p99 {_pct(spread, 0.99):6.1f} ms ({len(spread)} changes)"
+            )
+        print(f"  controller CPU {cpu / wall * 100:.0f}% of one core over the measured window, "
+              f"RSS {rss:.0f} MiB")  # fmt: skip
     finally:
         shutil.rmtree(work, ignore_errors=True)
+
+
+async def _timed(
+    count: int, target: str, pki: Path, seconds: float, every_second: bool, rate: float, pid: int
+) -> tuple[Run, float, float]:
+    """The run, and the controller's CPU seconds and the wall seconds of its measured window
+    (after every agent registered)."""
+    task = asyncio.create_task(run_agents(count, target, pki, seconds, every_second, rate))
+    await asyncio.sleep(0)
+    while not agents_news and rate > 0 and not task.done():
+        await asyncio.sleep(0.1)
+    await asyncio.sleep(settle_s(count) + 1)  # registration done (start_at)
+    cpu_before, wall_before = proc_cpu_s(pid), time.monotonic()
+    run = await task
+    return run, proc_cpu_s(pid) - cpu_before, time.monotonic() - wall_before
+
+
+def _pct(ordered: list[float], q: float) -> float:
+    return ordered[min(len(ordered) - 1, int(len(ordered) * q))] * 1000
 
 
 def main() -> int:
@@ -222,11 +304,13 @@ def main() -> int:
     agents = sub.add_parser("agents")
     agents.add_argument("--agents", type=int, default=500)
     agents.add_argument("--seconds", type=float, default=30)
+    agents.add_argument("--every-second", action="store_true", help="report every second")
+    agents.add_argument("--churn", type=float, default=0.0, help="job starts/stops per second")
     args = parser.parse_args()
     if args.what == "plan":
         bench_plan(args.hosts, args.jobs, args.repeat)
     else:
-        bench_agents(args.agents, args.seconds)
+        bench_agents(args.agents, args.seconds, args.every_second, args.churn)
     return 0
 
 
