@@ -252,9 +252,10 @@ class ControllerLink:
             )  # fmt: skip
 
     def _report(self, stub: pb_grpc.AgentLinkStub, report: HostReport) -> None:
-        with self._lock:
-            rotations = report.rotations
-            del self._rotations[: len(rotations)]
+        rotations = report.rotations
+        with self._lock:  # those in this report (more may have been applied since)
+            sent = set(rotations)
+            self._rotations = [r for r in self._rotations if r not in sent]
         try:
             reply = stub.Report(convert.report_message(report), timeout=RPC_TIMEOUT_S)
         except grpc.RpcError:
