@@ -42,6 +42,11 @@ def parse_address(text: str) -> tuple[str, int]:
     return host.strip("[]") or "127.0.0.1", int(port)
 
 
+def split_addresses(text: str) -> list[str]:
+    """HOST:PORT,HOST:PORT,... (a service's replicas) as a list, blanks dropped."""
+    return [item.strip() for item in text.split(",") if item.strip()]
+
+
 def text(value: Any, key: str) -> str:
     if not isinstance(value, str):
         raise ConfigError(f"{key} must be a string, got {value!r}")

@@ -122,6 +122,8 @@ class ControllerApp:
         self.notifier = notifier
         self.health = Health(max(10.0, 3 * config.report_interval_s), time.monotonic)
         self._stop: asyncio.Event | None = None
+        self._term: Term | None = None
+        """This replica's term while it leads (with etcd)."""
 
     def run(self) -> int:
         return asyncio.run(self._main())
@@ -172,12 +174,9 @@ class ControllerApp:
             for source, interval in sources
         ]
         tasks.append(asyncio.create_task(self._heartbeat(), name="heartbeat"))
-        terms: list[Term] = []
         if election is not None:
             controller.follow(None)  # until it wins a term
-            tasks.append(
-                asyncio.create_task(self._leadership(controller, election, terms), name="lead")
-            )
+            tasks.append(asyncio.create_task(self._leadership(controller, election), name="lead"))
         log.info(
             "tensorlights-controller %s: agents on %s:%d (mTLS)%s, slot %.3gs, lease %.3gs, "
             "sources: %s",
@@ -197,9 +196,9 @@ class ControllerApp:
             for task in tasks:
                 task.cancel()
             await asyncio.gather(*tasks, return_exceptions=True)
-            if election is not None and terms and controller.leading:
+            if election is not None and self._term is not None:
                 try:  # another replica can take over at once, not after the TTL
-                    await asyncio.wait_for(asyncio.to_thread(election.resign, terms[-1]), 2.0)
+                    await asyncio.wait_for(asyncio.to_thread(election.resign, self._term), 2.0)
                 except (EtcdError, TimeoutError) as exc:
                     log.warning("could not resign the leadership (it expires by itself): %s", exc)
             for source, _ in sources:
@@ -215,54 +214,59 @@ class ControllerApp:
             self.notifier.close()
         return 0
 
-    async def _leadership(
-        self, controller: Controller, election: Election, terms: list[Term]
-    ) -> None:
-        """Campaign until elected, then renew the term; stop leading when it cannot be
-        renewed in time (see controller/election.py)."""
-        config = self.config
-        term: Term | None = None
+    async def _leadership(self, controller: Controller, election: Election) -> None:
+        """Campaign until elected, hold the term while it can be renewed in time, and again
+        (see controller/election.py)."""
+        while True:
+            self._term = await self._campaign(controller, election)
+            config = self.config
+            planner = Planner(config.slot_s, config.lease_s, self._term.incarnation, config.policy)
+            controller.lead(planner, election.address)
+            log.info("leading the controllers (incarnation %d)", self._term.incarnation)
+            why = await self._hold(election)
+            log.warning("stopped leading (incarnation %d): %s", self._term.incarnation, why)
+            controller.follow(None)
+            self._term = None
+
+    async def _campaign(self, controller: Controller, election: Election) -> Term:
+        """Follow whoever leads until this replica wins a term."""
         failing = False
         while True:
-            if term is None:
-                try:
-                    term = await asyncio.to_thread(election.campaign)
-                except EtcdError as exc:
-                    if not failing:
-                        log.warning("cannot campaign for the leadership: %s", exc)
-                    failing = True
-                else:
-                    failing = False
-                if term is None:
-                    controller.follow(election.known_leader)
-                    await asyncio.sleep(election.renew_every_s)
-                    continue
-                terms.append(term)
-                planner = Planner(config.slot_s, config.lease_s, term.incarnation, config.policy)
-                controller.lead(planner, election.address)
-                log.info("leading the controllers (incarnation %d)", term.incarnation)
-                continue
+            try:
+                term = await asyncio.to_thread(election.campaign)
+            except EtcdError as exc:
+                if not failing:
+                    log.warning("cannot campaign for the leadership: %s", exc)
+                failing, term = True, None
+            else:
+                failing = False
+            if term is not None:
+                return term
+            controller.follow(election.known_leader)
+            await asyncio.sleep(election.renew_every_s)
+
+    async def _hold(self, election: Election) -> str:
+        """Renew the term until it cannot be renewed before it ends; why it ended."""
+        failing = False
+        while True:
+            term = self._term
+            assert term is not None
             wait_s = min(election.renew_every_s, election.step_down_at(term) - time.monotonic())
             await asyncio.sleep(max(0.0, wait_s))
-            budget_s = election.step_down_at(term) - time.monotonic()
-            renewed: Term | None = term
+            budget_s = max(0.01, election.step_down_at(term) - time.monotonic())
             try:
-                renewed = await asyncio.wait_for(
-                    asyncio.to_thread(election.renew, term), max(0.01, budget_s)
-                )
+                renewed = await asyncio.wait_for(asyncio.to_thread(election.renew, term), budget_s)
             except (EtcdError, TimeoutError) as exc:
                 if not failing:
                     log.warning("cannot renew the leadership: %s", exc)
-                failing = True
+                failing, renewed = True, term
             else:
                 failing = False
-            if renewed is None or time.monotonic() >= election.step_down_at(renewed):
-                why = "its lease is gone" if renewed is None else "etcd did not answer in time"
-                log.warning("stopped leading (incarnation %d): %s", term.incarnation, why)
-                controller.follow(None)
-                term = None
-            else:
-                term = renewed
+            if renewed is None:
+                return "its lease is gone"
+            if time.monotonic() >= election.step_down_at(renewed):
+                return "etcd did not answer in time"
+            self._term = renewed
 
     def _local_server(self, controller: Controller) -> grpc.aio.Server | None:
         path = self.config.socket

@@ -20,6 +20,7 @@ from tensorlights.configfile import (
     integer,
     parse_address,
     section,
+    split_addresses,
     tls_files,
 )
 from tensorlights.configfile import number as read_number
@@ -349,8 +350,8 @@ class AgentConfig:
                     "standalone = false needs the controller's address: [controller] address "
                     "or --controller HOST:PORT"
                 )
-            for address in self.controller.split(","):
-                parse_address(address.strip())
+            for address in split_addresses(self.controller):
+                parse_address(address)
             if self.controller_tls is None:
                 raise ConfigError(
                     "[controller] needs ca, cert and key: the link to the controller is always "

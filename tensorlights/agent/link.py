@@ -76,18 +76,7 @@ class ControllerBinding:
 
     def _plan_received(self, plan: PlanSlots) -> None:
         """On the link's thread: times moved to our monotonic clock as the plan arrives."""
-        now = self._clock()
-        offset = self._wall() - now
-        self._plans.put(
-            HostSchedule(
-                incarnation=plan.incarnation,
-                generation=plan.generation,
-                epoch=plan.epoch - offset,
-                slot_s=plan.slot_s,
-                slots=plan.slots,
-                lease_until=now + plan.lease_s,
-            )
-        )
+        self._plans.put(HostSchedule.from_plan(plan, self._clock(), self._wall()))
         self._wake()
 
     def _vouchers_received(self, vouchers: tuple[Voucher, ...]) -> None:

@@ -99,7 +99,7 @@ class Planner:
             # job anew (holding them at their arrival in its registry put a sharded job back
             # ahead of the two single-host jobs beside it).
             placed = set(self._ranking) & set(iterative)
-            holding = frozenset(placed) & frozenset(membership) - demands.keys()
+            holding = frozenset(placed & membership.keys() - demands.keys())
             known = [job for job in self._ranking if job in membership]
             fresh = [job for job in arrival if job in membership and job not in known]
             fresh += sorted(set(membership) - set(known) - set(fresh))

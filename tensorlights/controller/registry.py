@@ -33,7 +33,7 @@ from tensorlights.model import (
     ReportedJob,
     Voucher,
     VoucherSource,
-    demand_moved,
+    jobs_moved,
 )
 
 SOURCES = ("agent", "slurm", "static", "kubernetes")
@@ -177,12 +177,7 @@ class Registry:
                 f"host {record.host}: report {report.seq} is not newer than {record.seq}"
             )
         jobs = {job.job: job for job in report.jobs}
-        ports_changed = {j: r.ports for j, r in jobs.items()} != {
-            j: r.ports for j, r in record.jobs.items()
-        }
-        if ports_changed or any(
-            demand_moved(record.jobs[j].demand, r.demand) for j, r in jobs.items()
-        ):
+        if jobs_moved(tuple(record.jobs.values()), report.jobs):  # news for the plan
             self.version += 1
         record.seq = report.seq
         record.jobs = jobs

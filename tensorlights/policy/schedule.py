@@ -22,6 +22,7 @@ import math
 from collections.abc import Iterable, Mapping
 from dataclasses import dataclass, field, replace
 
+from tensorlights.model import PlanSlots
 from tensorlights.policy.bands import BandPlan, BandPolicy, fold_bands
 from tensorlights.policy.packing import JobLoad, ordering_demands
 
@@ -134,6 +135,19 @@ class HostSchedule:
     def __post_init__(self) -> None:
         if not (math.isfinite(self.slot_s) and self.slot_s > 0):
             raise ValueError("slot length must be positive")
+
+    @classmethod
+    def from_plan(cls, plan: PlanSlots, now: float, wall: float) -> HostSchedule:
+        """A plan as it arrives at `now` (monotonic seconds; `wall`: Unix seconds at the
+        same instant): its slot epoch moved to the monotonic clock, its lease from now."""
+        return cls(
+            incarnation=plan.incarnation,
+            generation=plan.generation,
+            epoch=plan.epoch - (wall - now),
+            slot_s=plan.slot_s,
+            slots=plan.slots,
+            lease_until=now + plan.lease_s,
+        )
 
     @property
     def version(self) -> tuple[int, int]:

@@ -25,6 +25,7 @@ from typing import Any
 
 import grpc
 
+from tensorlights.configfile import split_addresses
 from tensorlights.model import (
     AppliedRotation,
     HostReport,
@@ -73,7 +74,7 @@ class ControllerLink:
         on_state: Callable[[LinkState], None] = lambda state: None,
         on_vouchers: Callable[[tuple[Voucher, ...]], None] = lambda vouchers: None,
     ) -> None:
-        self.addresses = [item.strip() for item in address.split(",") if item.strip()]
+        self.addresses = split_addresses(address)
         if not self.addresses:
             raise ValueError("no controller address")
         self.address = self.addresses[0]
@@ -169,12 +170,8 @@ class ControllerLink:
 
     def _leader_named(self, exc: grpc.RpcError) -> str | None:
         """The leader a follower replica named, if it is one of ours and not this one."""
-        if not isinstance(exc, grpc.Call) or exc.code() is not grpc.StatusCode.FAILED_PRECONDITION:
-            return None
-        named = dict(exc.trailing_metadata() or ()).get(convert.LEADER_METADATA)
-        if isinstance(named, str) and named in self.addresses and named != self.address:
-            return named
-        return None
+        named = convert.leader_named(exc)
+        return named if named in self.addresses and named != self.address else None
 
     def _next_address(self) -> bool:
         """On to the next replica after a failure; False with one address (or none left to

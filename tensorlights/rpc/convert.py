@@ -11,6 +11,7 @@ import math
 from collections.abc import Callable, Sequence
 from typing import TypeVar
 
+import grpc
 from google.protobuf.message import DecodeError, Message
 
 from tensorlights.model import (
@@ -45,6 +46,14 @@ MAX_PODS_PER_JOB = 1024
 LEADER_METADATA = "tl-leader"
 """Trailing metadata of a follower replica's refusal: the leader's HOST:PORT, where clients
 go instead (a client goes only to an address it was configured with)."""
+
+
+def leader_named(exc: grpc.RpcError) -> str | None:
+    """The leader a follower replica's refusal names, if it is one."""
+    if not isinstance(exc, grpc.Call) or exc.code() is not grpc.StatusCode.FAILED_PRECONDITION:
+        return None
+    named = dict(exc.trailing_metadata() or ()).get(LEADER_METADATA)
+    return named if isinstance(named, str) and named else None
 
 
 class InvalidMessage(ValueError):

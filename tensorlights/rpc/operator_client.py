@@ -19,7 +19,7 @@ import grpc
 from google.protobuf.message import Message
 
 from tensorlights.errors import PermanentError, TransientError
-from tensorlights.rpc.convert import LEADER_METADATA
+from tensorlights.rpc.convert import leader_named
 from tensorlights.rpc.tls import channel_credentials, channel_options, diagnose
 from tensorlights.rpc.v1 import operator_pb2 as pb
 from tensorlights.rpc.v1 import operator_pb2_grpc as pb_grpc
@@ -132,10 +132,8 @@ class OperatorClient:
 
     def _to_leader(self, exc: grpc.RpcError) -> bool:
         """A follower named the leader: dial it instead (over TLS; once)."""
-        if not isinstance(exc, grpc.Call) or exc.code() is not grpc.StatusCode.FAILED_PRECONDITION:
-            return False
-        leader = dict(exc.trailing_metadata() or ()).get(LEADER_METADATA)
-        if not isinstance(leader, str) or self._tls is None or leader == self.target:
+        leader = leader_named(exc)
+        if leader is None or self._tls is None or leader == self.target:
             return False
         self._channel.close()
         self._dial(leader, self._tls)

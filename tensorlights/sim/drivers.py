@@ -15,6 +15,7 @@ from __future__ import annotations
 
 import dataclasses
 import statistics
+import time
 from collections.abc import Callable, Mapping
 
 from tensorlights.agent.config import AgentConfig
@@ -163,8 +164,6 @@ class Coordinated(DriverBase):
             sim.set_bands(host, plan.bands)
 
     def _round(self, sim: Simulation, now: float) -> None:
-        import time
-
         for host, follower in self.followers.items():
             loads = sim.loads(host)
             demands = follower.trusted_demands(loads)
@@ -190,13 +189,9 @@ class Coordinated(DriverBase):
         )  # fmt: skip
         self.replan_s.append(time.perf_counter() - began)
         for host, follower in self.followers.items():
-            plan = self.planner.plan_for(host)
-            follower.offer(
-                HostSchedule(
-                    plan.incarnation, plan.generation, plan.epoch, plan.slot_s, plan.slots,
-                    now + plan.lease_s,
-                )
-            )  # fmt: skip
+            # The simulated clock is the controller's wall clock and every agent's monotonic
+            # one alike.
+            follower.offer(HostSchedule.from_plan(self.planner.plan_for(host), now, now))
 
 
 class PrototypeRR(DriverBase):
