@@ -183,6 +183,7 @@ class Controller:
             self.registry.arrival_order(),
             self.registry.end_times(),
             self.registry.iterative(),
+            self.registry.young(self._clock()),
         )
         if changed:
             self.metrics.plan_seconds.observe(time.perf_counter() - started)

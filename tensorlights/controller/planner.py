@@ -85,21 +85,25 @@ class Planner:
         arrival: Sequence[str] = (),
         end_times: Mapping[str, float] | None = None,
         iterative: Collection[str] = (),
+        young: Collection[str] = (),
     ) -> set[str]:
-        """Recompute for a new membership (and, under pack, the jobs' demands, arrival order
-        and which jobs are measured iterating); the hosts whose plan changed."""
+        """Recompute for a new membership (and, under pack, the jobs' demands, arrival order,
+        which jobs are measured iterating and which are young: Registry.iterative, .young);
+        the hosts whose plan changed."""
         ranking: tuple[str, ...] = ()
         if self.policy is ClusterPolicy.PACK:
-            # The order in force, then newcomers in arrival order. An iterating job whose
-            # demand is not trusted yet (agents report only what pack would order by) keeps
-            # its place, as on an agent: put behind, it would come back once measured, and
-            # the light would move twice.
+            # The order in force, then newcomers in arrival order. An iterating or young job
+            # whose demand is not trusted yet (agents report only what pack would order by)
+            # keeps its place, as on an agent: put behind, it would come back once measured,
+            # and the light would move twice.
             demands = demands or {}
             # "Its place": one this planner gave it. A restarted controller places every
             # job anew (holding them at their arrival in its registry put a sharded job back
             # ahead of the two single-host jobs beside it).
             placed = set(self._ranking) & set(iterative)
-            holding = frozenset(placed & membership.keys() - demands.keys())
+            # Young jobs hold too (Registry.young): reports come one host at a time, and a
+            # job not yet reported iterating went behind the ones that were.
+            holding = frozenset((placed | set(young)) & membership.keys() - demands.keys())
             known = [job for job in self._ranking if job in membership]
             fresh = [job for job in arrival if job in membership and job not in known]
             fresh += sorted(set(membership) - set(known) - set(fresh))

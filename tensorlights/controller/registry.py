@@ -35,6 +35,7 @@ from tensorlights.model import (
     VoucherSource,
     jobs_moved,
 )
+from tensorlights.policy.packing import MEASURE_GRACE_S
 
 SOURCES = ("agent", "slurm", "static", "kubernetes")
 HISTORY = 20
@@ -129,6 +130,7 @@ class Registry:
         self._arrival: dict[str, int] = {}
         self._arrivals = 0
         self._iterated: set[str] = set()
+        self._first_reported: dict[str, float] = {}
         self._vouchers: dict[str, tuple[Voucher, ...]] | None = None
         """Host -> what the sources vouch for there; rebuilt after a source changes."""
 
@@ -177,6 +179,8 @@ class Registry:
                 f"host {record.host}: report {report.seq} is not newer than {record.seq}"
             )
         jobs = {job.job: job for job in report.jobs}
+        for job in jobs.keys() - self._first_reported.keys():
+            self._first_reported[job] = now
         if jobs_moved(tuple(record.jobs.values()), report.jobs):  # news for the plan
             self.version += 1
         record.seq = report.seq
@@ -218,6 +222,7 @@ class Registry:
         self._sessions.clear()
         self._arrival.clear()
         self._iterated.clear()
+        self._first_reported.clear()
         self.version += 1
 
     # Sources ------------------------------------------------------------------------------
@@ -264,6 +269,8 @@ class Registry:
             self._arrival[job] = self._arrivals
         for job in set(self._arrival) - set(ps_hosts):
             del self._arrival[job]
+        for job in self._first_reported.keys() - ps_hosts.keys():
+            del self._first_reported[job]
         return {job: frozenset(hosts) for job, hosts in ps_hosts.items()}
 
     def arrival_order(self) -> list[str]:
@@ -310,6 +317,15 @@ class Registry:
         }
         self._iterated &= self._arrival.keys()
         return set(self._iterated)
+
+    def young(self, now: float) -> set[str]:
+        """Jobs an agent first reported less than MEASURE_GRACE_S ago (as of the last
+        `membership()`): still being measured, as an agent's pack holds its young jobs. Not
+        iterating yet is no sign of bulk traffic before that: a job placed ahead on one
+        host's report went behind a sharded job when another host reported first that the
+        sharded job iterates, and held that place once its own host reported it iterating
+        (the simulator's m2, reports arriving one host at a time)."""
+        return {job for job, first in self._first_reported.items() if now - first < MEASURE_GRACE_S}
 
     def jobs(self) -> list[JobView]:
         membership = self.membership()
