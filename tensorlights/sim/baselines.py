@@ -23,6 +23,7 @@ strict priority on every link.
 from __future__ import annotations
 
 import math
+from collections.abc import Collection
 
 from tensorlights.model import NUM_BANDS
 from tensorlights.policy.bands import fold_bands
@@ -35,24 +36,30 @@ class CassiniShifts(DriverBase):
         self._windows: dict[str, tuple[float, float, float]] = {}
         """Job -> (cycle, offset in it, the cycle's epoch) on its first PS host, until its
         next push has been shifted."""
+        self._jobs: dict[str, set[str]] = {}
+        """Host -> the jobs its shifts were computed for."""
 
-    def evaluate(self, now: float) -> None:
-        """Shifts are recomputed on every arrival and departure, for the jobs on each link."""
+    def evaluate(self, now: float, hosts: Collection[str]) -> None:
+        """A link's shifts are recomputed whenever its jobs change."""
         sim = self.sim
-        self._windows = {}
-        for host, link in sim.links.items():
-            jobs = [sim.jobs[name] for name in sim.host_jobs(host)]
+        for host in hosts:
+            present = sim.host_jobs(host)
+            if present == self._jobs.get(host, set()):
+                continue
+            self._jobs[host] = present
+            rate = sim.links[host].rate_bps
+            jobs = [sim.jobs[name] for name in present]
             mine = sorted(
                 (job for job in jobs if job.ps_hosts[0] == host),
                 key=lambda job: (job.arrival_s, job.name),
             )
             if not mine:
                 continue
-            cycle = max(_period(job, link.rate_bps) for job in jobs)
+            cycle = max(_period(job, rate) for job in jobs)
             offset = 0.0
             for job in mine:
                 self._windows[job.name] = (cycle, offset % cycle, now)
-                offset += job.link_s(link.rate_bps)
+                offset += job.link_s(rate)
 
     def release(self, job: str, now: float) -> float:
         window = self._windows.pop(job, None)
@@ -64,20 +71,27 @@ class CassiniShifts(DriverBase):
 
 
 class CruxIntensity(DriverBase):
-    """No ticks: the order changes only with arrivals and departures."""
+    """The order changes only with arrivals and departures; a link's bands matter only
+    where two jobs or more share it, so only those links are set."""
 
     def __init__(self, ps_bands: int = NUM_BANDS - 1) -> None:
         self.ps_bands = ps_bands
+        self._running: set[str] = set()
+        self._shared: set[str] = set()
+        """Hosts whose bands were set (two jobs or more at the time)."""
 
-    def evaluate(self, now: float) -> None:
+    def evaluate(self, now: float, hosts: Collection[str]) -> None:
         sim = self.sim
-        running = sorted(
-            {name for host in sim.links for name in sim.host_jobs(host)},
-            key=lambda name: (-intensity(sim.jobs[name]), name),
-        )
-        bands = dict(zip(running, fold_bands(len(running), self.ps_bands), strict=True))
-        for host in sim.links:
+        running = set(sim.running)
+        if running == self._running:
+            return
+        self._running = running
+        order = sorted(running, key=lambda name: (-intensity(sim.jobs[name]), name))
+        bands = dict(zip(order, fold_bands(len(order), self.ps_bands), strict=True))
+        shared = {host for host, jobs in sim.measured.items() if len(jobs) >= 2}
+        for host in shared | self._shared:
             sim.set_bands(host, {name: bands[name] for name in sim.host_jobs(host)})
+        self._shared = shared
 
 
 def intensity(job: SimJob) -> float:

@@ -14,23 +14,20 @@ its hosts' measurements.
 from __future__ import annotations
 
 import dataclasses
+import math
 import statistics
 import time
-from collections.abc import Callable, Mapping
+from collections.abc import Callable, Collection, Mapping
 
 from tensorlights.agent.config import AgentConfig
 from tensorlights.bench.legacy_tc import original_prios
 from tensorlights.controller.config import ControllerConfig
 from tensorlights.controller.planner import ClusterPolicy, Planner
 from tensorlights.controller.registry import Registry
-from tensorlights.model import HostReport, Mode, Registration, ReportedJob
+from tensorlights.model import HostReport, Mode, Registration, ReportedJob, jobs_moved
 from tensorlights.policy.bands import BandPolicy, PolicyName
 from tensorlights.policy.schedule import HostSchedule, PlanFollower
 from tensorlights.sim.engine import Simulation
-
-TICK_S = 0.1
-"""How often a host's agent evaluates its policy between arrivals and departures (the real
-agent wakes on its telemetry's iterations and discovery's events: well under this)."""
 
 
 def _defaults(config: type) -> dict[str, object]:
@@ -40,6 +37,20 @@ def _defaults(config: type) -> dict[str, object]:
 
 AGENT_DEFAULTS = _defaults(AgentConfig)
 CONTROLLER_DEFAULTS = _defaults(ControllerConfig)
+
+
+def _default_s(defaults: Mapping[str, object], name: str) -> float:
+    value = defaults[name]
+    assert isinstance(value, float)
+    return value
+
+
+SCAN_S = _default_s(AGENT_DEFAULTS, "scan_interval_s")
+"""The agent evaluates its policy at least this often (its loop's scan) while a host has
+jobs to order; more often when the light's next move is sooner, and after every push."""
+
+
+ROUNDING_S = 1e-6
 
 
 def agent_policy(
@@ -64,10 +75,9 @@ def agent_policy(
 
 
 class DriverBase:
-    """What every driver shares: the simulation it is attached to, no ticks unless it sets
-    them, and pushes never held (all but the time-shifting baseline)."""
+    """What every driver shares: the simulation it is attached to, and pushes never held
+    (all but the time-shifting baseline)."""
 
-    tick_s: float | None = None
     _sim: Simulation | None = None
 
     def attach(self, sim: Simulation) -> None:
@@ -83,58 +93,82 @@ class DriverBase:
 
 
 class NoBands(DriverBase):
-    def evaluate(self, now: float) -> None:
+    def evaluate(self, now: float, hosts: Collection[str]) -> None:
         pass
 
 
 class HostPolicies(DriverBase):
-    """Every host its own policy, each starting at its phase (before it: no bands)."""
+    """Every host its own policy, each starting at its phase (before it: no bands); with
+    `reach`, only those hosts run an agent (the others stay FIFO)."""
 
     def __init__(
         self,
         make: Callable[[], BandPolicy],
         phases: Mapping[str, float] | None = None,
-        tick_s: float = TICK_S,
+        reach: Collection[str] | None = None,
     ) -> None:
         self.make = make
         self.phases = dict(phases or {})
-        self.tick_s = tick_s
+        self.reach = None if reach is None else frozenset(reach)
         self.policies: dict[str, BandPolicy] = {}
 
     def attach(self, sim: Simulation) -> None:
         super().attach(sim)
-        self.policies = {host: self.make() for host in sim.links}
+        hosts = sim.links if self.reach is None else self.reach
+        self.policies = {host: self.make() for host in hosts}
 
-    def evaluate(self, now: float) -> None:
+    def evaluate(self, now: float, hosts: Collection[str]) -> None:
         sim = self.sim
-        for host, policy in self.policies.items():
-            if now < self.phases.get(host, 0.0):
+        for host in hosts:
+            policy = self.policies.get(host)
+            if policy is None:
                 continue
-            plan = policy.evaluate(now, sim.host_jobs(host), sim.loads(host), sim.started(host))
+            phase = self.phases.get(host, 0.0)
+            if now < phase:
+                sim.wake(host, phase)
+                continue
+            jobs = sim.host_jobs(host)
+            plan = policy.evaluate(now, jobs, sim.loads(host), sim.started(host))
             sim.set_bands(host, plan.bands)
+            wake_agent(sim, host, now, plan.next_change_at, len(jobs))
+
+
+def wake_agent(
+    sim: Simulation, host: str, now: float, next_change_at: float | None, jobs: int
+) -> None:
+    """When the agent on `host` evaluates next, pushes and arrivals aside: the light's next
+    move, and its scan while two jobs or more share the link (with one, or none, no order
+    matters until a job comes, and a coming job is news)."""
+    when = next_change_at if next_change_at is not None else math.inf
+    if jobs >= 2:
+        when = min(when, now + SCAN_S)
+    if when < math.inf:
+        # A move due now that this evaluation did not make is a rounding short of its slot
+        # boundary (green_since + interval == now, elapsed a hair under interval).
+        sim.wake(host, max(when, now + ROUNDING_S))
 
 
 class Coordinated(DriverBase):
-    """Agents following the controller: each reports every `report_interval_s` (and at once
-    when its jobs change, as the agent does), the controller replans on each round and
-    every host is sent its plan (renewing its lease)."""
+    """Agents following the controller, as they do since reports carry news: a host reports
+    at once when its jobs change, and when a demand moved beyond noise (model.jobs_moved),
+    looked for at most every `report_interval_s`; the controller replans on each report
+    (the real Registry and Planner) and sends a plan to each host whose plan changed, and
+    renews every plan in force each third of its lease. With `reach`, only those hosts run
+    an agent: the others stay FIFO and the controller does not know them."""
 
     def __init__(
         self,
         policy: ClusterPolicy | str,
         local: Callable[[], BandPolicy],
         slot_s: float | None = None,
-        tick_s: float = TICK_S,
+        reach: Collection[str] | None = None,
     ) -> None:
         self.policy = ClusterPolicy(policy)
         self.local = local
-        slot = slot_s if slot_s is not None else CONTROLLER_DEFAULTS["slot_s"]
-        lease = CONTROLLER_DEFAULTS["lease_s"]
-        report = CONTROLLER_DEFAULTS["report_interval_s"]
-        assert isinstance(slot, float) and isinstance(lease, float)
-        assert isinstance(report, float)
-        self.slot_s, self.lease_s, self.report_interval_s = slot, lease, report
-        self.tick_s = tick_s
+        self.slot_s = slot_s if slot_s is not None else _default_s(CONTROLLER_DEFAULTS, "slot_s")
+        self.lease_s = _default_s(CONTROLLER_DEFAULTS, "lease_s")
+        self.report_interval_s = _default_s(CONTROLLER_DEFAULTS, "report_interval_s")
+        self.reach = None if reach is None else frozenset(reach)
         self.registry = Registry()
         self.planner = Planner(self.slot_s, self.lease_s, incarnation=1, policy=self.policy)
         self.followers: dict[str, PlanFollower] = {}
@@ -142,56 +176,84 @@ class Coordinated(DriverBase):
         """Wall seconds of each planner update (its real cost, for the report)."""
         self._sessions: dict[str, str] = {}
         self._seq: dict[str, int] = {}
-        self._reported: dict[str, set[str]] = {}
-        self._next_report = 0.0
+        self._reported: dict[str, tuple[ReportedJob, ...]] = {}
+        self._next_look: dict[str, float] = {}
+        self._renew_at: dict[str, float] = {}
 
     def attach(self, sim: Simulation) -> None:
         super().attach(sim)
-        for host, link in sim.links.items():
-            registration = Registration(host, 0, "sim", (("eth0", int(link.rate_bps)),), "pack")
+        for host in sim.links if self.reach is None else sorted(self.reach):
+            rate = int(sim.links[host].rate_bps)
+            registration = Registration(host, 0, "sim", (("eth0", rate),), "pack")
             self._sessions[host] = self.registry.register(registration, now=0.0).session
             self._seq[host] = 0
+            self._reported[host] = ()
             self.followers[host] = PlanFollower(self.local())
 
-    def evaluate(self, now: float) -> None:
+    def evaluate(self, now: float, hosts: Collection[str]) -> None:
         sim = self.sim
-        changed = any(sim.host_jobs(h) != self._reported.get(h) for h in self.followers)
-        if now >= self._next_report or changed:
-            self._round(sim, now)
-            self._next_report = now + self.report_interval_s
-        for host, follower in self.followers.items():
-            plan = follower.evaluate(now, sim.host_jobs(host), sim.loads(host), sim.started(host))
+        mine = {host for host in hosts if host in self.followers}
+        reported = False
+        for host in mine:
+            jobs = sim.host_jobs(host)
+            came_or_went = jobs != {job.job for job in self._reported[host]}
+            if came_or_went or now >= self._next_look.get(host, 0.0):
+                self._next_look[host] = now + self.report_interval_s
+                reported |= self._report(sim, host, now, came_or_went)
+        offered = self._replan(now) if reported else set()
+        for host in mine | offered:
+            if host not in offered and self._renew_at.get(host, math.inf) <= now:
+                self._offer(host, now)
+            follower = self.followers[host]
+            jobs = sim.host_jobs(host)
+            plan = follower.evaluate(now, jobs, sim.loads(host), sim.started(host))
             sim.set_bands(host, plan.bands)
+            wake_agent(sim, host, now, plan.next_change_at, len(jobs))
+            renew = self._renew_at.get(host)
+            if renew is not None and len(jobs) >= 2:
+                sim.wake(host, renew)
 
-    def _round(self, sim: Simulation, now: float) -> None:
-        for host, follower in self.followers.items():
-            loads = sim.loads(host)
-            demands = follower.trusted_demands(loads)
-            jobs = []
-            for name in sorted(sim.host_jobs(host)):
-                periods = [m.period_s for m in sim.measured[host][name].recent]
-                jobs.append(
-                    ReportedJob(
-                        name, frozenset(), 1, sim.jobs[name].workers,
-                        period_s=statistics.median(periods) if periods else None,
-                        demand=demands.get(name),
-                    )
-                )  # fmt: skip
-            self._seq[host] += 1
-            mode = Mode.PLAN if follower.following(now) else Mode.LOCAL
-            report = HostReport(self._sessions[host], self._seq[host], tuple(jobs), (), mode, "")
-            self.registry.report(report, now)
-            self._reported[host] = sim.host_jobs(host)
+    def _report(self, sim: Simulation, host: str, now: float, came_or_went: bool) -> bool:
+        """Report `host` if it has news; whether it did."""
+        follower = self.followers[host]
+        demands = follower.trusted_demands(sim.loads(host))
+        jobs = []
+        for name in sorted(sim.host_jobs(host)):
+            periods = [m.period_s for m in sim.measured[host][name].recent]
+            jobs.append(
+                ReportedJob(
+                    name, frozenset(), 1, sim.jobs[name].workers,
+                    period_s=statistics.median(periods) if periods else None,
+                    demand=demands.get(name),
+                )
+            )  # fmt: skip
+        if not came_or_went and not jobs_moved(self._reported[host], jobs):
+            return False
+        self._seq[host] += 1
+        mode = Mode.PLAN if follower.following(now) else Mode.LOCAL
+        report = HostReport(self._sessions[host], self._seq[host], tuple(jobs), (), mode, "")
+        self.registry.report(report, now)
+        self._reported[host] = tuple(jobs)
+        return True
+
+    def _replan(self, now: float) -> set[str]:
+        """Replan; offer the hosts whose plan changed, and return them."""
         began = time.perf_counter()
-        self.planner.update(
+        changed = self.planner.update(
             self.registry.membership(), set(self.registry.hosts), self.registry.demands(),
             self.registry.arrival_order(), self.registry.end_times(), self.registry.iterative(),
+            self.registry.young(now),
         )  # fmt: skip
         self.replan_s.append(time.perf_counter() - began)
-        for host, follower in self.followers.items():
-            # The simulated clock is the controller's wall clock and every agent's monotonic
-            # one alike.
-            follower.offer(HostSchedule.from_plan(self.planner.plan_for(host), now, now))
+        for host in changed:
+            self._offer(host, now)
+        return changed
+
+    def _offer(self, host: str, now: float) -> None:
+        # The simulated clock is the controller's wall clock and every agent's monotonic one.
+        schedule = HostSchedule.from_plan(self.planner.plan_for(host), now, now)
+        self.followers[host].offer(schedule)
+        self._renew_at[host] = now + self.lease_s / 3
 
 
 class PrototypeRR(DriverBase):
@@ -206,13 +268,18 @@ class PrototypeRR(DriverBase):
         self.members = {host: list(jobs) for host, jobs in members.items()}
         self.period_s = period_s
         self.phases = dict(phases or {})
-        self.tick_s = TICK_S
         self._green = {host: 0 for host in self.members}
         self._rebuilt = {host: self.phases.get(host, 0.0) for host in self.members}
 
-    def evaluate(self, now: float) -> None:
+    def attach(self, sim: Simulation) -> None:
+        super().attach(sim)
+        for host in self.members:
+            sim.wake(host, 0.0)
+
+    def evaluate(self, now: float, hosts: Collection[str]) -> None:
         sim = self.sim
-        for host, jobs in self.members.items():
+        for host in hosts:
+            jobs = self.members.get(host)
             if not jobs:
                 continue
             while now - self._rebuilt[host] >= self.period_s:
@@ -220,3 +287,4 @@ class PrototypeRR(DriverBase):
                 self._rebuilt[host] += self.period_s
             prios = original_prios(len(jobs), self._green[host])
             sim.set_bands(host, dict(zip(jobs, prios, strict=True)))
+            sim.wake(host, self._rebuilt[host] + self.period_s)

@@ -33,9 +33,13 @@ class Discipline(StrEnum):
 class Flow:
     job: str
     remaining: float
-    """Bytes on the wire still to send."""
+    """Bytes on the wire still to send (all its streams together)."""
     done: Callable[[float], None]
     """Called with the time the last byte left."""
+    streams: int = 1
+    """TCP connections it stands for, started together with equal bytes (a PS task's push
+    to each of its workers): they share the link as that many flows and end together, so
+    one flow of their weight is exact and costs one completion instead of `streams`."""
     rate: float = 0.0
     """Bytes per second, until the link's next change."""
     ramp_until: float = 0.0
@@ -116,13 +120,16 @@ class Link:
             return
 
         def weight(flow: Flow) -> float:
-            return self.ramp_weight if flow.ramp_until > now else 1.0
+            return flow.streams * (self.ramp_weight if flow.ramp_until > now else 1.0)
 
         if self.discipline is Discipline.FAIR:
             by_job: dict[str, list[Flow]] = {}
             for flow in self.flows:
                 by_job.setdefault(flow.job, []).append(flow)
-            job_weight = {job: max(map(weight, flows)) for job, flows in by_job.items()}
+            job_weight = {
+                job: max(self.ramp_weight if f.ramp_until > now else 1.0 for f in flows)
+                for job, flows in by_job.items()
+            }
             total_jobs = sum(job_weight.values())
             for job, flows in by_job.items():
                 share = capacity * job_weight[job] / total_jobs
