@@ -6,8 +6,9 @@ CASSINI (Rajasekaran et al., NSDI'24): jobs sharing a link are given time shifts
 iterations so that their communication phases interleave instead of colliding; no
 priorities, the link stays FIFO. Here: per link, a cycle as long as the longest standalone
 iteration among the jobs on it, each job a window of its pushes' link time, back to back in
-arrival order; a job ready to push waits for the start of its next window (on its first PS
-host: the paper's affinity graph, which aligns shifts across links, is not built). A shift is
+arrival order; a job ready to push waits for the start of its next window (on the first of
+its links it shares: the paper's affinity graph, which aligns shifts across links, is not
+built). A shift is
 applied once, to the next push of every job on the link, whenever the jobs on it change;
 the iterations then run free, as a shifted job does (its period keeps the interleaving
 while the jobs fit). Where the windows do not fit in the cycle (the link is overloaded),
@@ -34,23 +35,29 @@ from tensorlights.sim.engine import SimJob
 class CassiniShifts(DriverBase):
     def __init__(self) -> None:
         self._windows: dict[str, tuple[float, float, float]] = {}
-        """Job -> (cycle, offset in it, the cycle's epoch) on its first PS host, until its
-        next push has been shifted."""
+        """Job -> (cycle, offset in it, the cycle's epoch) on its anchor (the first of its
+        hosts it shares), until its next push has been shifted."""
         self._jobs: dict[str, set[str]] = {}
         """Host -> the jobs its shifts were computed for."""
 
     def evaluate(self, now: float, hosts: Collection[str]) -> None:
-        """A link's shifts are recomputed whenever its jobs change."""
+        """A shared link's shifts are recomputed whenever its jobs change; a job alone on
+        every link it has is not shifted (nothing to interleave with)."""
         sim = self.sim
         for host in hosts:
             present = sim.host_jobs(host)
             if present == self._jobs.get(host, set()):
                 continue
             self._jobs[host] = present
+            if len(present) < 2:
+                for name in present:
+                    if all(len(sim.host_jobs(h)) < 2 for h in sim.jobs[name].hosts):
+                        self._windows.pop(name, None)
+                continue
             rate = sim.links[host].rate_bps
             jobs = [sim.jobs[name] for name in present]
             mine = sorted(
-                (job for job in jobs if job.ps_hosts[0] == host),
+                (job for job in jobs if self._anchor(job) == host),
                 key=lambda job: (job.arrival_s, job.name),
             )
             if not mine:
@@ -60,6 +67,10 @@ class CassiniShifts(DriverBase):
             for job in mine:
                 self._windows[job.name] = (cycle, offset % cycle, now)
                 offset += job.link_s(rate)
+
+    def _anchor(self, job: SimJob) -> str:
+        """The link a job's shift is computed on: the first of its hosts it shares."""
+        return next((h for h in job.hosts if len(self.sim.host_jobs(h)) >= 2), job.hosts[0])
 
     def release(self, job: str, now: float) -> float:
         window = self._windows.pop(job, None)
@@ -95,8 +106,9 @@ class CruxIntensity(DriverBase):
 
 
 def intensity(job: SimJob) -> float:
-    """Computation per byte communicated: GPU-seconds per iteration over bytes pushed."""
-    return job.workers * job.compute_s / (job.model_bytes * job.workers)
+    """Computation per byte communicated: a GPU's seconds per iteration over the bytes of
+    the model it exchanges (a PS worker's pull, a rank's gradient)."""
+    return job.compute_s / job.model_bytes
 
 
 def _period(job: SimJob, rate_bps: float) -> float:

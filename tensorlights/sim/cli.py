@@ -15,16 +15,17 @@ from tensorlights.sim.report import (
 )
 
 CALIBRATION_SOURCES = ("results/bench", "results/bench-real", "results/bench-multihost",
-                       "results/bench-long")  # fmt: skip
-"""The benchmark's PS results (not the collective ones: not simulated yet)."""
+                       "results/bench-long", "results/bench-collective")  # fmt: skip
+"""The benchmark's results on the 2-core VM (bench-gpu ran on another machine)."""
 FIT_SOURCE = "results/bench"
 """Where the TCP ramp is fitted (scenarios a-f, FIFO and fair)."""
 
 
 @click.group(context_settings={"help_option_names": ["-h", "--help"]})
 def main() -> None:
-    """A flow-level simulator of PS jobs on shared links, driving TensorLights' real policy
-    code (agents' bands, pack, the controller's registry and planner) on a simulated clock."""
+    """A flow-level simulator of PS and all-reduce jobs on shared links, driving TensorLights'
+    real policy code (agents' bands, pack, the controller's registry and planner) on a
+    simulated clock."""
 
 
 @main.command()
@@ -43,7 +44,7 @@ def main() -> None:
 )  # fmt: skip
 @click.option("--no-plots", is_flag=True, help="Markdown only (no matplotlib).")
 def calibrate(sources: tuple[Path, ...], fit: Path, out: Path, no_plots: bool) -> None:
-    """Simulate every PS scenario and policy of the benchmark's results and compare each
+    """Simulate every scenario and policy of the benchmark's results and compare each
     average JCT with the measured median (goal: within 10%, rankings kept); then the
     synthetic scenarios under CASSINI-style and Crux-style baselines too."""
     for folder in (fit, *sources):

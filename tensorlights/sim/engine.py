@@ -9,6 +9,14 @@ iteration ends when every worker has answered (the barrier), and the next push s
 worker gets each shard at the same moment (its streams end together), so the barrier is
 one event: the last shard's arrival plus the compute.
 
+A collective job, as the testbed's DDP job (testbed/torchjob.py, gloo): one rank per host in
+`hosts`, in ring order; each iteration it computes (compute_s + overhead_s), then all-reduces
+its gradient (model_bytes) around the ring: 2 (k - 1) steps for k ranks, in each of which
+every rank sends a chunk of model_bytes / k to the next rank over its host's egress (one
+flow). A rank starts a step once its own previous send and its predecessor's (the chunk it
+forwards) are done, as gloo's ring waits on both; the iteration ends with the last step of
+every rank.
+
 Policies are evaluated per host, when that host has news: a job came or went (at once), a
 push ended there (the agent's telemetry: once per instant, after every event of it), or a
 wake-up the driver asked for (`wake`: the light's next move, the agent's scan).
@@ -34,7 +42,8 @@ from collections.abc import Callable, Collection, Mapping, Sequence
 from dataclasses import dataclass, field, replace
 from typing import Protocol
 
-from tensorlights.policy.packing import JobLoad, Measured, job_load, wire_bytes
+from tensorlights.model import JobKind
+from tensorlights.policy.packing import MEASURED_AFTER, JobLoad, Measured, job_load, wire_bytes
 from tensorlights.sim.network import Discipline, Flow, Link
 from tensorlights.telemetry.sampler import COMPUTE_ITERATIONS, LOAD_ITERATIONS
 
@@ -53,21 +62,64 @@ class SimJob:
     name: str
     model_bytes: int
     workers: int
+    """A PS job's workers (a collective job's ranks are its hosts)."""
     compute_s: float
     iterations: int
     arrival_s: float
-    ps_hosts: tuple[str, ...]
+    hosts: tuple[str, ...]
+    """The hosts whose egress carries its traffic: a PS job's PS hosts (its shards), a
+    collective job's rank hosts in ring order."""
     overhead_s: float = 0.0
-    """Per iteration, beyond the push and the compute (see the module doc)."""
+    """Per iteration, beyond the traffic and the compute (see the module doc)."""
+    kind: JobKind = JobKind.PS
+    wire_factor: float = 1.0
+    """Link time per payload byte, over TCP/IP's alone (wire_bytes): what a framework's
+    own framing and pacing add to its traffic (1 for the synthetic job)."""
+
+    def __post_init__(self) -> None:
+        if self.kind is JobKind.COLLECTIVE and len(set(self.hosts)) != len(self.hosts):
+            raise ValueError(f"job {self.name}: a collective job has one rank per host")
+        if self.kind is JobKind.COLLECTIVE and len(self.hosts) < 2:
+            raise ValueError(f"job {self.name}: a ring needs two hosts or more")
+
+    @property
+    def steps(self) -> int:
+        """Sends per host per iteration: a PS's one push; a ring's 2 (k - 1) steps."""
+        if self.kind is JobKind.COLLECTIVE:
+            return 2 * (len(self.hosts) - 1)
+        return 1
+
+    @property
+    def flow_bytes(self) -> float:
+        """Wire bytes of one send from one host: a PS shard to all its workers, or a chunk."""
+        if self.kind is JobKind.COLLECTIVE:
+            return wire_bytes(self.model_bytes / len(self.hosts)) * self.wire_factor
+        return wire_bytes(self.model_bytes // len(self.hosts)) * self.workers * self.wire_factor
+
+    @property
+    def streams(self) -> int:
+        """TCP connections one send stands for (a PS's one per worker; a rank's one)."""
+        return 1 if self.kind is JobKind.COLLECTIVE else self.workers
+
+    @property
+    def pushed_bytes(self) -> int:
+        """Payload one host sends per iteration (what its agent measures)."""
+        if self.kind is JobKind.COLLECTIVE:
+            return self.steps * self.model_bytes // len(self.hosts)
+        return self.model_bytes // len(self.hosts) * self.workers
 
     def link_s(self, rate_bps: float) -> float:
-        """One iteration's pushes on one of its PS hosts' links, alone."""
-        shard = self.model_bytes / len(self.ps_hosts)
-        return wire_bytes(shard) * self.workers * 8 / rate_bps
+        """One iteration's traffic on one of its hosts' links, alone."""
+        return self.steps * self.flow_bytes * 8 / rate_bps
 
     def alone_s(self, rate_bps: float) -> float:
         """Its completion time with its links to itself."""
         return self.iterations * (self.link_s(rate_bps) + self.compute_s + self.overhead_s)
+
+    @property
+    def compute_first(self) -> bool:
+        """A ring computes its gradient, then reduces it; a PS pushes, then workers compute."""
+        return self.kind is JobKind.COLLECTIVE
 
 
 @dataclass
@@ -108,16 +160,22 @@ class Driver(Protocol):
 
 @dataclass
 class _Skip:
-    """A job running alone on all its links, its iterations skipped in one event."""
+    """A job whose iterations run in one event: alone on all its links (at its standalone
+    speed)."""
 
     start: float
+    """When the first skipped iteration began (a PS's push, a ring's compute)."""
     iterations: int
     period_s: float
-    push_s: dict[str, float]
-    """Per PS host: its push alone."""
+    traffic_at: float
+    """Where in an iteration its traffic begins (a ring computes first)."""
+    traffic_s: dict[str, float]
+    """Per host: its traffic's duration in an iteration (its first send to its last)."""
+    busy_s: dict[str, float]
+    """Per host: its link's busy time in an iteration."""
     token: int
     recorded: int = 0
-    """Iterations whose measurements are written (each once its pushes have all ended)."""
+    """Iterations whose measurements are written (each once its traffic has ended)."""
 
 
 @dataclass
@@ -125,7 +183,10 @@ class _Running:
     job: SimJob
     done_iterations: int = 0
     hosts_left: int = 0
-    """PS hosts whose push of this iteration is still on the wire."""
+    """A PS job's hosts whose push of this iteration is still on the wire."""
+    started: list[int] = field(default_factory=list)
+    sent: list[int] = field(default_factory=list)
+    """A ring's steps started, and sent, per rank this iteration."""
     skip: _Skip | None = None
     tokens: int = 0
 
@@ -165,9 +226,9 @@ class Simulation:
         fast_forward: bool = True,
     ) -> None:
         for job in jobs:
-            missing = set(job.ps_hosts) - set(links)
+            missing = set(job.hosts) - set(links)
             if missing:
-                raise ValueError(f"job {job.name}: no link for PS host(s) {sorted(missing)}")
+                raise ValueError(f"job {job.name}: no link for host(s) {sorted(missing)}")
         tcp = tcp or TcpModel()
         self.links = {
             host: Link(host, rate, discipline, ramp_s=tcp.ramp_s, ramp_weight=tcp.ramp_weight)
@@ -202,7 +263,10 @@ class Simulation:
             load = record.load(rate)
             if load is not None:
                 busy = record.flows_left > 0
-                loads[name] = load if load.busy == busy else replace(load, busy=busy)
+                holds = self.jobs[name].kind is JobKind.PS
+                if load.busy != busy or load.bytes_hold_waiting != holds:
+                    load = replace(load, busy=busy, bytes_hold_waiting=holds)
+                loads[name] = load
         return loads
 
     def started(self, host: str) -> frozenset[str]:
@@ -275,61 +339,120 @@ class Simulation:
 
     def _arrive(self, job: SimJob) -> None:
         self.running[job.name] = _Running(job)
-        for host in job.ps_hosts:
+        for host in job.hosts:
             for other in self.measured[host]:
                 self._unskip(other)
             self.measured[host][job.name] = HostJob()
-        self._evaluate(job.ps_hosts)
+        self._evaluate(job.hosts)
         self._ready(job.name)
 
     def _ready(self, name: str) -> None:
+        """Its next iteration begins now."""
+        job = self.running[name].job
+        if job.compute_first:
+            if self.fast_forward and self._alone(job):
+                self._skip(name)
+            else:
+                self.at(self.now + job.compute_s + job.overhead_s, lambda: self._release(name))
+            return
         when = self.driver.release(name, self.now)
         if when > self.now:
-            self.at(when, lambda: self._push(name))
-        elif self.fast_forward and self._alone(self.running[name].job):
+            self.at(when, lambda: self._communicate(name))
+        elif self.fast_forward and self._alone(job):
             self._skip(name)
         else:
-            self._push(name)
+            self._communicate(name)
+
+    def _release(self, name: str) -> None:
+        when = self.driver.release(name, self.now)
+        if when > self.now:
+            self.at(when, lambda: self._communicate(name))
+        else:
+            self._communicate(name)
 
     def _alone(self, job: SimJob) -> bool:
         return all(
-            len(self.measured[host]) == 1 and not self.links[host].flows for host in job.ps_hosts
+            len(self.measured[host]) == 1 and not self.links[host].flows for host in job.hosts
         )
 
-    def _push(self, name: str) -> None:
+    def _communicate(self, name: str) -> None:
+        """Its traffic of this iteration begins now, on every one of its hosts."""
         state = self.running[name]
         job = state.job
         self.counters.pushed_iterations += 1
-        state.hosts_left = len(job.ps_hosts)
-        for host in job.ps_hosts:
-            self._push_on(name, host, self.now, 1.0)
+        for host in job.hosts:
+            self._traffic_began(name, host, self.now)
+        if job.kind is JobKind.COLLECTIVE:
+            state.started = [0] * len(job.hosts)
+            state.sent = [0] * len(job.hosts)
+            for rank in range(len(job.hosts)):
+                self._try_step(name, rank)
+        else:
+            state.hosts_left = len(job.hosts)
+            for host in job.hosts:
+                self._send(name, host, 1.0)
 
-    def _push_on(self, name: str, host: str, started: float, left: float) -> None:
-        """Put `left` (a fraction) of this iteration's push from `host` on its link."""
-        job = self.running[name].job
-        shard = job.model_bytes // len(job.ps_hosts)
+    def _traffic_began(self, name: str, host: str, started: float) -> None:
         record = self.measured[host][name]
         record.push_started = started
-        record.bytes_this_push = self._push_bytes(job)
+        record.bytes_this_push = self.running[name].job.pushed_bytes
         record.flows_left = 1
+
+    def _send(self, name: str, host: str, left: float, rank: int | None = None) -> None:
+        """Put `left` (a fraction) of one send of `name` on `host`'s link: a PS's push, or a
+        ring step of `rank`."""
+        job = self.running[name].job
+        if rank is None:
+            done = self._delivered_callback(name, host)
+        else:
+            done = self._stepped_callback(name, rank)
         link = self.links[host]
-        done = self._delivered_callback(name, host)
-        flow = Flow(name, wire_bytes(shard) * job.workers * left, done, job.workers)
-        link.add(flow, self.now)
+        link.add(Flow(name, job.flow_bytes * left, done, job.streams), self.now)
         self._schedule_link(link)
 
     def _delivered_callback(self, name: str, host: str) -> Callable[[float], None]:
         return lambda now: self._delivered(name, host, now)
 
+    def _stepped_callback(self, name: str, rank: int) -> Callable[[float], None]:
+        return lambda now: self._stepped(name, rank, now)
+
     def _delivered(self, name: str, host: str, now: float) -> None:
+        """A PS host's push ended: its workers compute once every shard is in."""
         state = self.running[name]
+        self._traffic_ended(name, host, now)
+        state.hosts_left -= 1
+        if state.hosts_left == 0:
+            self.at(now + state.job.compute_s + state.job.overhead_s, lambda: self._barrier(name))
+
+    def _try_step(self, name: str, rank: int, left: float = 1.0) -> None:
+        """Start `rank`'s next ring step if its own previous send and its predecessor's (the
+        chunk it forwards) are done."""
+        state = self.running[name]
+        step = state.started[rank]
+        if step >= state.job.steps or state.sent[rank] != step:
+            return
+        if step > 0 and state.sent[rank - 1] < step:
+            return
+        state.started[rank] += 1
+        self._send(name, state.job.hosts[rank], left, rank)
+
+    def _stepped(self, name: str, rank: int, now: float) -> None:
+        state = self.running[name]
+        job = state.job
+        state.sent[rank] += 1
+        if state.sent[rank] == job.steps:
+            self._traffic_ended(name, job.hosts[rank], now)
+        if all(sent == job.steps for sent in state.sent):
+            self._barrier(name)
+            return
+        self._try_step(name, rank)
+        self._try_step(name, (rank + 1) % len(job.hosts))
+
+    def _traffic_ended(self, name: str, host: str, now: float) -> None:
         record = self.measured[host][name]
         record.flows_left = 0
         self._push_ended(record, now)
         self._host_news(host)
-        state.hosts_left -= 1
-        if state.hosts_left == 0:
-            self.at(now + state.job.compute_s + state.job.overhead_s, lambda: self._barrier(name))
 
     @staticmethod
     def _push_ended(record: HostJob, now: float) -> None:
@@ -344,7 +467,8 @@ class Simulation:
         record.last_push_end = now
 
     def _barrier(self, name: str) -> None:
-        """Every worker has answered: the iteration is done."""
+        """Every worker has answered (a ring: every rank has sent its last step): the
+        iteration is done."""
         state = self.running[name]
         state.done_iterations += 1
         if state.done_iterations < state.job.iterations:
@@ -355,23 +479,44 @@ class Simulation:
     def _finish(self, name: str) -> None:
         job = self.running.pop(name).job
         self.results[name] = JobResult(name, job.arrival_s, self.now)
-        for host in job.ps_hosts:
+        for host in job.hosts:
             del self.measured[host][name]
-        self._evaluate(job.ps_hosts)
+        self._evaluate(job.hosts)
 
     # Fast-forward ---------------------------------------------------------------------------
 
     def _skip(self, name: str) -> None:
+        """`name` is alone on its links, at the start of an iteration: run the rest in one
+        event at its standalone speed."""
         state = self.running[name]
         job = state.job
-        shard_bits = wire_bytes(job.model_bytes // len(job.ps_hosts)) * job.workers * 8
-        push_s = {host: shard_bits / self.links[host].rate_bps for host in job.ps_hosts}
-        period = max(push_s.values()) + job.compute_s + job.overhead_s
+        busy = {host: job.link_s(self.links[host].rate_bps) for host in job.hosts}
+        if job.kind is JobKind.COLLECTIVE:
+            # Every step waits for the slowest link's send of it.
+            slowest = max(busy.values())
+            traffic = {host: slowest for host in job.hosts}
+            traffic_at = job.compute_s + job.overhead_s
+        else:
+            traffic, traffic_at = dict(busy), 0.0
+        period = max(traffic.values()) + job.compute_s + job.overhead_s
         state.tokens += 1
         iterations = job.iterations - state.done_iterations
-        state.skip = _Skip(self.now, iterations, period, push_s, state.tokens)
+        skip = _Skip(self.now, iterations, period, traffic_at, traffic, busy, state.tokens)
+        state.skip = skip
         token = state.tokens
         self.at(self.now + iterations * period, lambda: self._skipped(name, token))
+        # Its agents would look at it after every push; a driver's counts of what it saw
+        # green (packing.OnTop) begin at its first load (the second iteration measured) and
+        # trust its demand MEASURED_AFTER iterations later: evaluated then, as push by push.
+        ends = skip.start + skip.traffic_at + max(skip.traffic_s.values())
+        for index in (1, 1 + MEASURED_AFTER):
+            if index < iterations:
+                self.at(ends + index * period, lambda: self._look(name, token))
+
+    def _look(self, name: str, token: int) -> None:
+        state = self.running.get(name)
+        if state is not None and state.skip is not None and state.skip.token == token:
+            self._evaluate(state.job.hosts)
 
     def _skipped(self, name: str, token: int) -> None:
         state = self.running.get(name)
@@ -384,49 +529,61 @@ class Simulation:
         self._finish(name)
 
     def _catch_up(self, name: str) -> None:
-        """Write the measurements of a skipping job's iterations whose pushes have ended by
+        """Write the measurements of a skipping job's iterations whose traffic has ended by
         now (what its agents have measured so far)."""
         skip = self.running[name].skip
         if skip is not None:
-            pushed = (self.now - skip.start - max(skip.push_s.values())) / skip.period_s
-            self._record_skipped(name, skip, min(int(pushed) + 1, skip.iterations))
+            ended = self.now - skip.start - skip.traffic_at - max(skip.traffic_s.values())
+            pushed = math.floor(ended / skip.period_s) + 1
+            self._record_skipped(name, skip, max(0, min(pushed, skip.iterations)))
 
     def _unskip(self, name: str) -> None:
-        """Another job arrived on one of `name`'s links: back to push by push, from where
-        its skipped iterations have got to."""
+        """Another job arrived on one of `name`'s links: back to send by send, from where its
+        skipped iterations have got to."""
         state = self.running[name]
         skip = state.skip
         if skip is None:
             return
         state.skip = None
+        job = state.job
         done = min(int((self.now - skip.start) / skip.period_s), skip.iterations)
         self._record_skipped(name, skip, done)
         state.done_iterations += done
-        if done == skip.iterations:  # its last barrier is this very instant
+        if done == skip.iterations:  # its last iteration ends this very instant
             self.at(self.now, lambda: self._finish(name))
             return
-        started = skip.start + done * skip.period_s
-        into = self.now - started
-        state.hosts_left = 0
+        began = skip.start + done * skip.period_s
+        into = self.now - began - skip.traffic_at
+        if into < 0:  # a ring, computing
+            self.at(began + skip.traffic_at, lambda: self._release(name))
+            return
         self.counters.pushed_iterations += 1
-        for host, push_s in skip.push_s.items():
-            if into < push_s:
+        traffic_began = began + skip.traffic_at
+        if job.kind is JobKind.COLLECTIVE:
+            # Every rank in the same step (its sends are paced by the slowest link).
+            share = into / max(skip.traffic_s.values()) * job.steps
+            step = min(int(share), job.steps - 1)
+            state.started = [step] * len(job.hosts)
+            state.sent = [step] * len(job.hosts)
+            for rank, host in enumerate(job.hosts):
+                self.links[host].busy_s += skip.busy_s[host] * share / job.steps
+                self._traffic_began(name, host, traffic_began)
+                self._try_step(name, rank, 1.0 - (share - step))
+            return
+        state.hosts_left = 0
+        for host, traffic_s in skip.traffic_s.items():
+            if into < traffic_s:
                 state.hosts_left += 1
                 self.links[host].busy_s += into
-                self._push_on(name, host, started, 1.0 - into / push_s)
+                self._traffic_began(name, host, traffic_began)
+                self._send(name, host, 1.0 - into / traffic_s)
             elif skip.recorded == done:  # ended, and not measured yet
-                record = self.measured[host][name]
-                record.push_started = started
-                record.bytes_this_push = self._push_bytes(state.job)
-                self._push_ended(record, started + push_s)
-                self.links[host].busy_s += push_s
+                self._traffic_began(name, host, traffic_began)
+                self._push_ended(self.measured[host][name], traffic_began + traffic_s)
+                self.measured[host][name].flows_left = 0
+                self.links[host].busy_s += skip.busy_s[host]
         if state.hosts_left == 0:
-            end = started + max(skip.push_s.values()) + state.job.compute_s + state.job.overhead_s
-            self.at(end, lambda: self._barrier(name))
-
-    @staticmethod
-    def _push_bytes(job: SimJob) -> int:
-        return job.model_bytes // len(job.ps_hosts) * job.workers
+            self.at(began + skip.period_s, lambda: self._barrier(name))
 
     def _record_skipped(self, name: str, skip: _Skip, upto: int) -> None:
         """The measurements the agents took of skipped iterations `skip.recorded` to `upto`
@@ -434,16 +591,17 @@ class Simulation:
         if upto <= skip.recorded:
             return
         self.counters.skipped_iterations += upto - skip.recorded
-        pushed = self._push_bytes(self.running[name].job)
+        pushed = self.running[name].job.pushed_bytes
         first = max(skip.recorded, upto - COMPUTE_ITERATIONS)
-        for host, push_s in skip.push_s.items():
-            self.links[host].busy_s += push_s * (upto - skip.recorded)
+        for host, traffic_s in skip.traffic_s.items():
+            self.links[host].busy_s += skip.busy_s[host] * (upto - skip.recorded)
             record = self.measured[host][name]
             if first > skip.recorded:
                 record.count += first - skip.recorded
-                record.last_push_end = skip.start + (first - 1) * skip.period_s + push_s
+                last = skip.start + (first - 1) * skip.period_s + skip.traffic_at
+                record.last_push_end = last + traffic_s
             for k in range(first, upto):
-                record.push_started = skip.start + k * skip.period_s
+                record.push_started = skip.start + k * skip.period_s + skip.traffic_at
                 record.bytes_this_push = pushed
-                self._push_ended(record, record.push_started + push_s)
+                self._push_ended(record, record.push_started + traffic_s)
         skip.recorded = upto

@@ -6,7 +6,6 @@ from collections.abc import Mapping, Sequence
 from pathlib import Path
 
 from tensorlights.bench.report import label
-from tensorlights.bench.scenarios import SCENARIOS
 from tensorlights.errors import ConfigError
 from tensorlights.sim.calibrate import TIE, Row, rankings_agree
 from tensorlights.sim.engine import TcpModel
@@ -14,17 +13,17 @@ from tensorlights.sim.engine import TcpModel
 GOAL = 0.10
 """Simulated average JCT within this of the measured median (issue 22)."""
 CALIBRATION_PLOT = "calibration.png"
-WHY_REAL = (
-    "real framework, likely: its workers send a model-sized gradient back, whose ACKs queue "
-    "in the PS host's shaped egress behind other jobs' pushes, where the model counts the "
-    "answer as a fixed per-iteration cost fitted alone; a waiting job's idle before its "
-    "pushes was measured at 2-5x its compute (docs/benchmarks.md). Not verified"
-)
 WHY = {
     ("r3", "static"): "the testbed's TL-One order is the order discovery found the jobs "
     "(the RPC job first), not the scenario's (the small job first, the best order)",
+    ("r2", "tl-rr-original"): "likely the prototype's rebuild itself: deleting the qdisc "
+    "every 20 s drops what is queued (TCP retransmits), which the model does not have; "
+    "not verified",
+    ("c1", "pack"): "the agents' telemetry misgroups a waiting ring's steps (docs/design.md), "
+    "so each host's pack moved the light 3 times a run on the testbed, where the model's "
+    "exact telemetry orders every host the same way at once (1 move)",
 }
-"""Known causes of rows outside the goal, beyond WHY_REAL."""
+"""Known causes of rows outside the goal."""
 
 
 def calibration_markdown(
@@ -33,13 +32,14 @@ def calibration_markdown(
     lines = [
         "# Simulator calibration",
         "",
-        "Every PS scenario and policy of the benchmark's results "
+        "Every scenario and policy of the benchmark's results "
         f"({', '.join(f'`{s}`' for s in sources)}) simulated (`python -m tensorlights.sim "
         "calibrate`), against the measured median average JCT. Fitted: each job profile's "
-        "per-iteration overhead (standalone runs), and the TCP ramp on the FIFO and fair runs "
+        "link time per byte (its standalone runs: a real framework's framing and pacing), "
+        "and the TCP ramp on the FIFO and fair runs "
         f"of scenarios a-f: a push joining a busy link gets weight {tcp.ramp_weight:g} for "
         f"{tcp.ramp_s:g} s (largest error there {fit_error:.1%}). Every row with bands is a "
-        "prediction. Collective scenarios (c1, c2) are not simulated yet.",
+        "prediction, and so is every row of the real frameworks and collective jobs.",
         "",
         "| source | scenario | policy | measured s | simulated s | error |",
         "|---|---|---|---:|---:|---:|",
@@ -72,10 +72,7 @@ def calibration_markdown(
     if off:
         lines += ["", "## Outside 10%", ""]
         for row in off:
-            workloads = {job.workload for job in SCENARIOS[row.scenario].jobs}
-            why = WHY.get((row.scenario, row.policy)) or (
-                WHY_REAL if workloads - {"synthetic"} else "not explained yet"
-            )
+            why = WHY.get((row.scenario, row.policy), "not explained yet")
             lines.append(
                 f"* {row.source} {row.scenario} {label(row.policy)}: {row.error:+.1%} ({why})."
             )
