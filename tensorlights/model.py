@@ -345,6 +345,10 @@ class ReportedJob:
     demand: float | None = None
     """Share of the host's link it needs at standalone speed (policy/packing.py)."""
     kind: JobKind = JobKind.PS
+    lag_s: float | None = None
+    """Set while this host's starvation guard would promote the job: the time it lost to
+    waiting over the starvation window (packing.StarvationGuard), for the controller's
+    cluster-wide order to put it first, as an agent's own pack does."""
 
 
 DEMAND_NOISE = 1.1
@@ -362,15 +366,19 @@ def demand_moved(old: float | None, new: float | None) -> bool:
 def jobs_moved(old: Sequence[ReportedJob], new: Sequence[ReportedJob]) -> bool:
     """News between two reports of a host's jobs: a job came or went, or its ports, kind,
     processes or connections changed, or its demand moved beyond noise, or it began (or
-    ceased) to be measured iterating, which the controller's order holds on (telemetry that
-    only fluctuates, spread and period, is not news: heartbeats carry it)."""
+    ceased) to be measured iterating, which the controller's order holds on, or to starve
+    (lag_s) (telemetry that only fluctuates, spread, period and a lag's size, is not news:
+    heartbeats carry it)."""
     before = {job.job: job for job in old}
     after = {job.job: job for job in new}
     if before.keys() != after.keys():
         return True
 
     def shape(job: ReportedJob) -> tuple[object, ...]:
-        return (job.ports, job.kind, job.processes, job.connections, job.period_s is None)
+        return (
+            job.ports, job.kind, job.processes, job.connections, job.period_s is None,
+            job.lag_s is None,
+        )  # fmt: skip
 
     return any(
         shape(before[name]) != shape(job) or demand_moved(before[name].demand, job.demand)

@@ -156,6 +156,7 @@ def reported_jobs(
                 period_s=statistics.median(periods) if periods else None,
                 demand=result.demands.get(job),
                 kind=kinds.get(job, JobKind.PS),
+                lag_s=result.starving.get(job),
             )
         )
     return tuple(jobs)

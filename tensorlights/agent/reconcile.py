@@ -47,6 +47,9 @@ class PassResult:
     demands: Mapping[str, float] = field(default_factory=dict)
     """The demands pack may order by (PlanFollower.trusted_demands): reported to the
     controller."""
+    starving: Mapping[str, float] = field(default_factory=dict)
+    """The jobs the starvation guard would promote, with their lag (PlanFollower.starving):
+    reported to the controller."""
     pack: PackView | None = None
     """pack's starvation guard after this pass (None under other policies)."""
     vouchers: tuple[JobVoucher, ...] = ()
@@ -220,6 +223,7 @@ class Reconciler:
             duration_s=self._clock() - now,
             loads=loads,
             demands=self._policy.trusted_demands(loads),
+            starving=self._policy.starving(),
             pack=self._policy.local.pack_view() if self.config.policy is PolicyName.PACK else None,
             vouchers=self._vouchers,
             pods=self.config.pod_shaping,

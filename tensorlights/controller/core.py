@@ -184,6 +184,7 @@ class Controller:
             self.registry.end_times(),
             self.registry.iterative(),
             self.registry.young(self._clock()),
+            self.registry.starving(),
         )
         if changed:
             self.metrics.plan_seconds.observe(time.perf_counter() - started)

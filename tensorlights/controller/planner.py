@@ -86,10 +86,11 @@ class Planner:
         end_times: Mapping[str, float] | None = None,
         iterative: Collection[str] = (),
         young: Collection[str] = (),
+        starving: Mapping[str, float] | None = None,
     ) -> set[str]:
         """Recompute for a new membership (and, under pack, the jobs' demands, arrival order,
-        which jobs are measured iterating and which are young: Registry.iterative, .young);
-        the hosts whose plan changed."""
+        which jobs are measured iterating, young, or starving: Registry.iterative, .young,
+        .starving); the hosts whose plan changed."""
         ranking: tuple[str, ...] = ()
         if self.policy is ClusterPolicy.PACK:
             # The order in force, then newcomers in arrival order. An iterating or young job
@@ -117,7 +118,8 @@ class Planner:
             known[cut:cut] = measured
             known += [job for job in fresh if job not in demands]
             known = _fewest_hosts_first(known, membership, demands.keys() | placed)
-            ranking = tuple(pack_order(known, demands, {}, end_times, holding))
+            promoted = {job: lag for job, lag in (starving or {}).items() if job in membership}
+            ranking = tuple(pack_order(known, demands, promoted, end_times, holding))
         if (
             membership == self._membership
             and hosts == set(self._orders)

@@ -318,6 +318,16 @@ class Registry:
         self._iterated &= self._arrival.keys()
         return set(self._iterated)
 
+    def starving(self) -> dict[str, float]:
+        """Jobs some host's starvation guard would promote, with the largest lag any reports
+        (seconds): the cluster-wide order puts them first, the most behind first."""
+        lags: dict[str, float] = {}
+        for record in self.hosts.values():
+            for job, reported in record.jobs.items():
+                if reported.lag_s is not None:
+                    lags[job] = max(lags.get(job, 0.0), reported.lag_s)
+        return lags
+
     def young(self, now: float) -> set[str]:
         """Jobs an agent first reported less than MEASURE_GRACE_S ago (as of the last
         `membership()`): still being measured, as an agent's pack holds its young jobs. Not

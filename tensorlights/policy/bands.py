@@ -207,6 +207,17 @@ class BandPolicy:
             rotated=self._green != previous_green,
         )
 
+    def watch(
+        self,
+        now: float,
+        jobs: set[str] | frozenset[str],
+        loads: Mapping[str, JobLoad],
+        started: frozenset[str] | None,
+    ) -> None:
+        """The starvation guard's view while the controller orders the jobs (PlanFollower):
+        its promotions are reported, for the cluster-wide order to keep the bound."""
+        self._guard.update(now, loads, set(jobs), started)
+
     @property
     def promoted(self) -> dict[str, float]:
         """Jobs `pack` promoted for the starvation bound, with their lag (seconds)."""

@@ -226,8 +226,10 @@ class PlanFollower:
         started: frozenset[str] | None = None,
     ) -> BandPlan:
         if self.plan is not None and now < self.plan.lease_until:
-            # The local policy is not evaluated meanwhile: the plan's light is counted here.
+            # The local policy is not evaluated meanwhile: the plan's light is counted here,
+            # and the starvation guard watches (its promotions go to the controller).
             self.local.on_top.update(self._green, loads or {})
+            self.local.watch(now, jobs, loads or {}, started)
             result = self.plan.evaluate(now, jobs, self.local.ps_bands, self._green)
             lease_end = self.plan.lease_until
             if result.next_change_at is None or lease_end < result.next_change_at:
@@ -237,6 +239,13 @@ class PlanFollower:
             result = replace(result, rotated=result.green != self._green)
         self._green = result.green
         return result
+
+    def starving(self) -> dict[str, float]:
+        """Jobs the starvation guard would promote here, with their lag (seconds): reported
+        to the controller, whose cluster-wide order has no clock of its own on the jobs'
+        progress (without them, a job at the bottom of a host's order waited for days
+        behind long jobs: the simulator's cluster day, slowdowns up to 200x)."""
+        return self.local.promoted
 
     def trusted_demands(self, loads: Mapping[str, JobLoad]) -> dict[str, float]:
         """The demands pack orders by on this host (packing.ordering_demands), whoever holds

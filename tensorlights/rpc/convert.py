@@ -168,6 +168,7 @@ def report(data: bytes) -> HostReport:
             period_s=_optional_seconds(job, "period_s"),
             demand=_optional_number(job, "demand", lambda v: 0 < v <= 1, "in (0, 1]"),
             kind=_job_kind(job),
+            lag_s=_optional_seconds(job, "lag_s"),
         )
     rotations = []
     for rotation in message.rotations:
@@ -308,6 +309,8 @@ def report_message(report: HostReport) -> pb.AgentReport:
             message.period_s = job.period_s
         if job.demand is not None:
             message.demand = job.demand
+        if job.lag_s is not None:
+            message.lag_s = job.lag_s
         jobs.append(message)
     return pb.AgentReport(
         session=report.session,

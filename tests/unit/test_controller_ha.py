@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import asyncio
+from dataclasses import replace
 from pathlib import Path
 from typing import Any
 
@@ -91,6 +92,8 @@ def test_news_is_what_the_plan_depends_on_not_telemetry_noise() -> None:
     job = ReportedJob("j", frozenset({1}), 1, 1, spread_s=0.01, period_s=0.3, demand=0.5)
     same = ReportedJob("j", frozenset({1}), 1, 1, spread_s=0.02, period_s=0.31, demand=0.53)
     assert not jobs_moved((job,), (same,))
+    starving = ReportedJob("j", frozenset({1}), 1, 1, period_s=0.3, demand=0.5, lag_s=30.0)
+    assert not jobs_moved((starving,), (replace(starving, lag_s=31.0),))  # how far: not news
     for news in (
         (),  # gone
         (job, ReportedJob("k", frozenset({2}), 1, 1)),  # new
@@ -98,5 +101,6 @@ def test_news_is_what_the_plan_depends_on_not_telemetry_noise() -> None:
         (ReportedJob("j", frozenset({1}), 1, 1, period_s=0.3, demand=0.7),),  # demand
         (ReportedJob("j", frozenset({1}), 1, 1, demand=0.5),),  # no longer iterating
         (ReportedJob("j", frozenset({1}), 1, 1, period_s=0.3),),  # demand no longer trusted
+        (ReportedJob("j", frozenset({1}), 1, 1, period_s=0.3, demand=0.5, lag_s=30.0),),
     ):
         assert jobs_moved((job,), news), news

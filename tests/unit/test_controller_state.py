@@ -495,3 +495,58 @@ def test_a_job_never_seen_iterating_goes_behind_once_past_the_grace() -> None:
     assert order(1.0) == ("bulk", "train")  # young: it holds its place
     assert registry.young(10.5) == {"train"}
     assert order(10.5) == ("train", "bulk")
+
+
+def test_the_controller_puts_jobs_its_agents_report_starving_first_the_most_behind_first() -> None:
+    """An agent following a plan keeps watching its starvation guard and reports the jobs it
+    would promote (lag_s); the cluster-wide order puts them first, as an agent's own pack
+    does, and back in their place once no host reports them."""
+    registry = Registry()
+    sessions = {h: registry.register(reg(h), now=0).session for h in ("a", "b")}
+    planner = Planner(slot_s=2.0, lease_s=10.0, incarnation=1, policy="pack")
+
+    def report(host: str, seq: int, jobs: dict[str, tuple[float, float | None]]) -> None:
+        reported = tuple(
+            ReportedJob(j, frozenset({1000 + i}), 1, 1, period_s=0.3, demand=d, lag_s=lag)
+            for i, (j, (d, lag)) in enumerate(sorted(jobs.items()))
+        )
+        registry.report(HostReport(sessions[host], seq, reported, (), "plan", ""), now=seq)
+
+    def orders() -> tuple[tuple[str, ...], tuple[str, ...]]:
+        planner.update(
+            registry.membership(), set(registry.hosts), registry.demands(),
+            registry.arrival_order(), None, registry.iterative(), (), registry.starving(),
+        )  # fmt: skip
+        return planner.plan_for("a").slots[0], planner.plan_for("b").slots[0]
+
+    report("a", 1, {"x": (0.2, None), "y": (0.3, None), "z": (0.6, None)})
+    report("b", 1, {"v": (0.1, None), "w": (0.7, None)})
+    assert orders() == (("x", "y", "z"), ("v", "w"))
+    # z starves on a, w on b: each first where it runs.
+    report("a", 2, {"x": (0.2, None), "y": (0.3, None), "z": (0.6, 40.0)})
+    report("b", 2, {"v": (0.1, None), "w": (0.7, 45.0)})
+    assert registry.starving() == {"z": 40.0, "w": 45.0}
+    assert orders() == (("z", "x", "y"), ("w", "v"))
+    # Caught up: back to the order by demand.
+    report("a", 3, {"x": (0.2, None), "y": (0.3, None), "z": (0.6, None)})
+    report("b", 3, {"v": (0.1, None), "w": (0.7, None)})
+    assert orders() == (("x", "y", "z"), ("v", "w"))
+
+
+def test_a_starving_jobs_lag_crosses_the_wire() -> None:
+    report = HostReport(
+        "s", 1, (ReportedJob("j", frozenset({80}), 1, 1, period_s=0.3, lag_s=42.5),), (),
+        Mode.PLAN, "",
+    )  # fmt: skip
+    back = convert.report(convert.report_message(report).SerializeToString())
+    assert back.jobs[0].lag_s == 42.5
+    quiet = convert.report(
+        convert.report_message(
+            HostReport("s", 1, (ReportedJob("j", frozenset({80}), 1, 1),), (), Mode.PLAN, "")
+        ).SerializeToString()
+    )
+    assert quiet.jobs[0].lag_s is None
+    bad = convert.report_message(report)
+    bad.jobs[0].lag_s = -1.0
+    with pytest.raises(InvalidMessage, match="lag_s"):
+        convert.report(bad.SerializeToString())

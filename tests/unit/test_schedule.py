@@ -157,3 +157,27 @@ def test_only_demands_measured_in_the_light_are_reported_while_following_a_plan(
     # A job pushing clearly fewer bytes than the green one is smaller whatever its compute.
     small = loads(7, 14) | {"c": JobLoad(equal / 2, 0.9, 6, busy=False)}
     assert "c" in follower.trusted_demands(small)
+
+
+def test_a_follower_reports_the_jobs_its_starvation_guard_would_promote() -> None:
+    """Under a plan the local policy does not order, but its guard keeps the clock: b, at
+    the bottom and barely iterating, passes the threshold and is reported starving (the
+    controller then puts it first); once it keeps pace again it is not."""
+    follower = PlanFollower(BandPolicy(PolicyName.PACK, max_slowdown=2.0, starvation_window_s=30))
+    follower.offer(HostSchedule(1, 1, 0.0, 1000.0, (("a", "b"),), lease_until=1000.0))
+    for second in range(0, 41):  # a standalone period of 0.5 s each
+        loads = {
+            "a": JobLoad(0.3, 0.2, 2 * second, busy=False),
+            "b": JobLoad(0.3, 0.2, second // 10, busy=False),  # one iteration per 10 s
+        }
+        follower.evaluate(float(second), {"a", "b"}, loads)
+    starving = follower.starving()
+    assert set(starving) == {"b"} and starving["b"] > 0.8 * 0.5 * 30
+    # b keeps pace again (the controller put it first): its lag leaves the window.
+    for second in range(41, 90):
+        loads = {
+            "a": JobLoad(0.3, 0.2, 2 * second, busy=False),
+            "b": JobLoad(0.3, 0.2, 4 + 2 * (second - 40), busy=False),
+        }
+        follower.evaluate(float(second), {"a", "b"}, loads)
+    assert follower.starving() == {}

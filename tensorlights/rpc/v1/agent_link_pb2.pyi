@@ -41,7 +41,7 @@ class RegisterReply(_message.Message):
     def __init__(self, session: _Optional[str] = ..., controller_incarnation: _Optional[int] = ..., report_interval_ms: _Optional[int] = ..., heartbeat_interval_ms: _Optional[int] = ...) -> None: ...
 
 class PsJob(_message.Message):
-    __slots__ = ("job", "ports", "processes", "connections", "spread_s", "period_s", "demand", "kind")
+    __slots__ = ("job", "ports", "processes", "connections", "spread_s", "period_s", "demand", "kind", "lag_s")
     JOB_FIELD_NUMBER: _ClassVar[int]
     PORTS_FIELD_NUMBER: _ClassVar[int]
     PROCESSES_FIELD_NUMBER: _ClassVar[int]
@@ -50,6 +50,7 @@ class PsJob(_message.Message):
     PERIOD_S_FIELD_NUMBER: _ClassVar[int]
     DEMAND_FIELD_NUMBER: _ClassVar[int]
     KIND_FIELD_NUMBER: _ClassVar[int]
+    LAG_S_FIELD_NUMBER: _ClassVar[int]
     job: str
     ports: _containers.RepeatedScalarFieldContainer[int]
     processes: int
@@ -58,7 +59,8 @@ class PsJob(_message.Message):
     period_s: float
     demand: float
     kind: str
-    def __init__(self, job: _Optional[str] = ..., ports: _Optional[_Iterable[int]] = ..., processes: _Optional[int] = ..., connections: _Optional[int] = ..., spread_s: _Optional[float] = ..., period_s: _Optional[float] = ..., demand: _Optional[float] = ..., kind: _Optional[str] = ...) -> None: ...
+    lag_s: float
+    def __init__(self, job: _Optional[str] = ..., ports: _Optional[_Iterable[int]] = ..., processes: _Optional[int] = ..., connections: _Optional[int] = ..., spread_s: _Optional[float] = ..., period_s: _Optional[float] = ..., demand: _Optional[float] = ..., kind: _Optional[str] = ..., lag_s: _Optional[float] = ...) -> None: ...
 
 class Rotation(_message.Message):
     __slots__ = ("green", "applied_unix_ns", "plan_generation")
