@@ -2,17 +2,27 @@
 
 from __future__ import annotations
 
+import json
+import sys
+from dataclasses import asdict
 from pathlib import Path
 
 import click
 
+from tensorlights.errors import ConfigError
 from tensorlights.sim.calibrate import Measured, baselines, calibration, fit_tcp
 from tensorlights.sim.report import (
     GOAL,
     baselines_markdown,
     calibration_markdown,
     plot_calibration,
+    plot_scale,
+    scale_markdown,
 )
+from tensorlights.sim.scale import POLICIES, ScaleResult
+from tensorlights.sim.scale import run as run_at_scale
+from tensorlights.sim.workload import ClusterSpec, PsPlacement, generate
+from tensorlights.units import parse_rate
 
 CALIBRATION_SOURCES = ("results/bench", "results/bench-real", "results/bench-multihost",
                        "results/bench-long", "results/bench-collective")  # fmt: skip
@@ -63,3 +73,89 @@ def calibrate(sources: tuple[Path, ...], fit: Path, out: Path, no_plots: bool) -
     within = sum(abs(row.error) <= GOAL for row in rows)
     click.echo(f"TCP ramp: weight {tcp.ramp_weight:g} for {tcp.ramp_s:g} s (fit {fit_error:.1%})")
     click.echo(f"{within} of {len(rows)} rows within {GOAL:.0%} -> {out / 'report.md'}")
+
+
+@main.command()
+@click.option("--hosts", type=click.IntRange(2), default=1000, show_default=True)
+@click.option("--jobs", type=click.IntRange(1), default=4000, show_default=True,
+              help="Jobs arriving over the day.")  # fmt: skip
+@click.option("--nic", default="25gbit", show_default=True, help="Each host's NIC egress rate.")
+@click.option("--ps-share", type=click.FloatRange(0, 1), default=0.5, show_default=True,
+              help="PS jobs among the multi-GPU ones (the others all-reduce).")  # fmt: skip
+@click.option(
+    "--ps-placement", type=click.Choice([p.value for p in PsPlacement]), default="pack",
+    show_default=True,
+    help="PS tasks on the fullest host with room (bin packing) or the emptiest.",
+)  # fmt: skip
+@click.option("--seed", type=int, default=1, show_default=True)
+@click.option(
+    "--policies", default=",".join(POLICIES), show_default=True,
+    help="Comma-separated, of: " + ", ".join(POLICIES),
+)  # fmt: skip
+@click.option(
+    "--reach", default="0.25,0.5,0.75", show_default=True,
+    help="Shares of hosts with an agent to run coordinated pack at (besides all); '' for none.",
+)  # fmt: skip
+@click.option("--speed/--no-speed", default=True, show_default=True,
+              help="Also time each policy over the first simulated hour.")  # fmt: skip
+@click.option(
+    "--out", type=click.Path(path_type=Path), default="results/sim-scale", show_default=True,
+    help="Where report.md, results.json and the plots go.",
+)  # fmt: skip
+@click.option("--no-plots", is_flag=True, help="Markdown only (no matplotlib).")
+def scale(
+    hosts: int, jobs: int, nic: str, ps_share: float, ps_placement: str, seed: int,
+    policies: str, reach: str, speed: bool, out: Path, no_plots: bool,
+) -> None:  # fmt: skip
+    """A cluster's day (jobs and placements drawn from public traces' distributions, see
+    tensorlights/sim/workload.py) under every policy: average and p95 JCT and the share of
+    jobs slowed past 2x; coordinated pack with agents on part of the hosts; and how long a
+    simulated hour takes."""
+    chosen = [p.strip() for p in policies.split(",") if p.strip()]
+    unknown = sorted(set(chosen) - set(POLICIES))
+    if unknown or not chosen:
+        raise click.BadParameter(f"unknown {unknown or policies!r}; of: {', '.join(POLICIES)}")
+    try:
+        shares = [float(r) for r in reach.split(",") if r.strip()]
+        spec = ClusterSpec(hosts, jobs, nic_bps=parse_rate(nic), ps_share=ps_share,
+                           ps_placement=PsPlacement(ps_placement), seed=seed)  # fmt: skip
+    except (ValueError, ConfigError) as exc:
+        raise click.BadParameter(str(exc)) from None
+    if any(not 0 <= share < 1 for share in shares):
+        raise click.BadParameter("--reach: shares within [0, 1) (all hosts always runs)")
+    workload = generate(spec)
+    click.echo(f"{len(workload.networked)} of {len(workload.jobs)} jobs with network traffic")
+    results = []
+    for policy in chosen:
+        results.append(run_at_scale(workload, policy))
+        click.echo(_line(results[-1]))
+    swept = []
+    if "controller-pack" in chosen:
+        for share in shares:
+            swept.append(run_at_scale(workload, "controller-pack", reach=share))
+            click.echo(_line(swept[-1]))
+        swept.append(next(r for r in results if r.policy == "controller-pack"))
+    timed = []
+    if speed:
+        for policy in chosen:
+            timed.append(run_at_scale(workload, policy, until_s=3600.0))
+            click.echo(f"1 h, {policy}: {timed[-1].wall_s:.1f} s")
+    out.mkdir(parents=True, exist_ok=True)
+    command = "python -m tensorlights.sim scale " + " ".join(sys.argv[2:])
+    text = scale_markdown(workload, results, swept, timed, command.strip())
+    if not no_plots:
+        for name in plot_scale(results, swept, out):
+            text += f"\n![{name}]({name})\n"
+    (out / "report.md").write_text(text)
+    (out / "results.json").write_text(
+        json.dumps([asdict(r) for r in (*results, *swept, *timed)], indent=1) + "\n"
+    )
+    click.echo(f"-> {out / 'report.md'}")
+
+
+def _line(result: ScaleResult) -> str:
+    return (
+        f"{result.policy} (agents on {result.reach:.0%}): avg JCT {result.avg_jct_s:.0f} s, "
+        f"p95 {result.p95_jct_s:.0f} s, slowed > 2x {result.slowed_share:.1%} "
+        f"({result.wall_s:.0f} s)"
+    )

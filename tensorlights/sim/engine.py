@@ -27,6 +27,14 @@ event (`fast_forward`), writes the measurements the agent would have taken, and 
 to push-by-push the moment another job arrives on one of its links, mid-push or mid-compute.
 A large cluster is mostly such jobs; only the shared links cost events.
 
+With `settle`, jobs sharing links are skipped too once they have settled: when every job
+of a group of links joined by their jobs (a component) has completed SETTLE_AFTER
+iterations since anything changed on those links (a job came or went, bands moved), each
+runs on at its own measured period (the mean of its last SETTLE_MEASURE iterations, its
+traffic as long as measured on each host) until the next change there. An approximation
+(exact sharing is not periodic in general): tests/unit/test_sim.py bounds its error; the
+at-scale runs use it, the calibration does not.
+
 Telemetry is exact: each (host, job) records every push as the agent measures it
 (packing.Measured: bytes, idle before, period), and a policy reads the job's load through
 packing.job_load, the agent's own reading, over the same numbers of iterations.
@@ -37,6 +45,7 @@ from __future__ import annotations
 import heapq
 import itertools
 import math
+import statistics
 from collections import deque
 from collections.abc import Callable, Collection, Mapping, Sequence
 from dataclasses import dataclass, field, replace
@@ -158,10 +167,20 @@ class Driver(Protocol):
         ...
 
 
+SETTLE_AFTER = 8
+"""Iterations every job of a component completes after a change before it is settled."""
+SETTLE_MEASURE = 4
+"""Iterations a settled job's period and traffic are averaged over (the last ones)."""
+SETTLE_WAIT_S = 60.0
+"""Or, after this long since the change, what each job has done: a job starved behind
+others (TL-One's last job, for days) would keep its component from ever settling; it is
+taken to progress as it did since the change (one iteration per that time if none)."""
+
+
 @dataclass
 class _Skip:
     """A job whose iterations run in one event: alone on all its links (at its standalone
-    speed)."""
+    speed), or settled with the jobs sharing them (at its measured period)."""
 
     start: float
     """When the first skipped iteration began (a PS's push, a ring's compute)."""
@@ -173,9 +192,12 @@ class _Skip:
     """Per host: its traffic's duration in an iteration (its first send to its last)."""
     busy_s: dict[str, float]
     """Per host: its link's busy time in an iteration."""
-    token: int
+    settled: bool = False
     recorded: int = 0
     """Iterations whose measurements are written (each once its traffic has ended)."""
+    measured_first: frozenset[str] = frozenset()
+    """Hosts where the first skipped iteration's traffic was measured already (a settled
+    job caught after its push ended)."""
 
 
 @dataclass
@@ -189,6 +211,15 @@ class _Running:
     """A ring's steps started, and sent, per rank this iteration."""
     skip: _Skip | None = None
     tokens: int = 0
+    """Grows whenever its pending events go stale (a skip begins or ends)."""
+    steady: int = 0
+    """Iterations completed since its component last changed."""
+    changed_at: float = 0.0
+    """When its component last changed."""
+    ends: deque[float] = field(default_factory=lambda: deque(maxlen=SETTLE_MEASURE + 1))
+    """When its last iterations since then ended."""
+    last_end: float = 0.0
+    """When its last iteration ended (its arrival before the first)."""
 
 
 @dataclass(frozen=True)
@@ -210,7 +241,9 @@ class Counters:
     evaluations: int = 0
     """Host evaluations handed to the driver."""
     skipped_iterations: int = 0
-    """Iterations run as a job alone on its links, in one event each run of them."""
+    """Iterations run in one event per run of them (alone on its links, or settled)."""
+    settles: int = 0
+    """Components settled (settle=True)."""
     pushed_iterations: int = 0
     """Iterations run push by push."""
 
@@ -224,6 +257,7 @@ class Simulation:
         discipline: Discipline = Discipline.PRIORITY,
         tcp: TcpModel | None = None,
         fast_forward: bool = True,
+        settle: bool = False,
     ) -> None:
         for job in jobs:
             missing = set(job.hosts) - set(links)
@@ -239,6 +273,7 @@ class Simulation:
             raise ValueError("job names must be unique")
         self.driver = driver
         self.fast_forward = fast_forward
+        self.settle = settle
         self.now = 0.0
         self.running: dict[str, _Running] = {}
         self.results: dict[str, JobResult] = {}
@@ -249,6 +284,7 @@ class Simulation:
         self._seq = itertools.count()
         self._news: set[str] = set()
         self._wakes: dict[str, float] = {}
+        self._wanted: set[str] = set()
 
     # What a host's agent sees -------------------------------------------------------------
 
@@ -274,8 +310,11 @@ class Simulation:
 
     def set_bands(self, host: str, bands: Mapping[str, int]) -> None:
         link = self.links[host]
-        if link.set_bands(bands, self.now):
-            self._schedule_link(link)
+        if bands == link.bands:
+            return
+        self._links_changed((host,), settled_only=True)
+        link.set_bands(bands, self.now)
+        self._schedule_link(link)
 
     def wake(self, host: str, when: float) -> None:
         """Evaluate `host` at `when` (or sooner: only its earliest wake-up stands)."""
@@ -290,11 +329,15 @@ class Simulation:
     def at(self, when: float, action: Callable[[], None]) -> None:
         heapq.heappush(self._events, (when, next(self._seq), action))
 
-    def run(self, until_s: float = math.inf) -> dict[str, JobResult]:
+    def run(
+        self, until_s: float = math.inf, wanted: Collection[str] | None = None
+    ) -> dict[str, JobResult]:
+        """Until every job (every `wanted` one) has finished, or `until_s`."""
         self.driver.attach(self)
         for job in self.jobs.values():
             self.at(job.arrival_s, lambda job=job: self._arrive(job))  # type: ignore[misc]
-        while self._events and len(self.results) < len(self.jobs):
+        self._wanted = set(self.jobs if wanted is None else wanted) - self.results.keys()
+        while self._events and self._wanted:
             when, _, action = heapq.heappop(self._events)
             if when > until_s:
                 break
@@ -337,14 +380,55 @@ class Simulation:
 
     # Jobs -----------------------------------------------------------------------------------
 
+    def _job_at(self, name: str, when: float, action: Callable[[], None]) -> None:
+        """`action` for job `name` at `when`, unless a skip began or ended meanwhile."""
+        token = self.running[name].tokens
+        self.at(when, lambda: self._fire(name, token, action))
+
+    def _fire(self, name: str, token: int, action: Callable[[], None]) -> None:
+        state = self.running.get(name)
+        if state is not None and state.tokens == token:
+            action()
+
     def _arrive(self, job: SimJob) -> None:
-        self.running[job.name] = _Running(job)
+        self.running[job.name] = _Running(job, changed_at=self.now, last_end=self.now)
+        self._links_changed(job.hosts, settled_only=False)
         for host in job.hosts:
-            for other in self.measured[host]:
-                self._unskip(other)
             self.measured[host][job.name] = HostJob()
         self._evaluate(job.hosts)
         self._ready(job.name)
+
+    def _component(self, hosts: Collection[str]) -> set[str]:
+        """The running jobs joined to `hosts` through the links they share."""
+        jobs: set[str] = set()
+        seen = set(hosts)
+        frontier = list(hosts)
+        while frontier:
+            for name in self.measured[frontier.pop()]:
+                if name not in jobs and name in self.running:
+                    jobs.add(name)
+                    for host in self.jobs[name].hosts:
+                        if host not in seen:
+                            seen.add(host)
+                            frontier.append(host)
+        return jobs
+
+    def _links_changed(self, hosts: Collection[str], settled_only: bool) -> None:
+        """Something on `hosts` changes now (a job comes or goes, bands move): the jobs
+        sharing those links run send by send again (`settled_only`: the settled ones; a job
+        alone on its links runs as fast whatever the bands) and settle anew."""
+        if not self.settle and settled_only:
+            return
+        for name in self._component(hosts) if self.settle else self._on(hosts):
+            state = self.running[name]
+            if state.skip is not None and (state.skip.settled or not settled_only):
+                self._unskip(name)
+            state.steady = 0
+            state.changed_at = self.now
+            state.ends.clear()
+
+    def _on(self, hosts: Collection[str]) -> set[str]:
+        return {name for host in hosts for name in self.measured[host] if name in self.running}
 
     def _ready(self, name: str) -> None:
         """Its next iteration begins now."""
@@ -353,11 +437,13 @@ class Simulation:
             if self.fast_forward and self._alone(job):
                 self._skip(name)
             else:
-                self.at(self.now + job.compute_s + job.overhead_s, lambda: self._release(name))
+                self._job_at(
+                    name, self.now + job.compute_s + job.overhead_s, lambda: self._release(name)
+                )
             return
         when = self.driver.release(name, self.now)
         if when > self.now:
-            self.at(when, lambda: self._communicate(name))
+            self._job_at(name, when, lambda: self._communicate(name))
         elif self.fast_forward and self._alone(job):
             self._skip(name)
         else:
@@ -366,7 +452,7 @@ class Simulation:
     def _release(self, name: str) -> None:
         when = self.driver.release(name, self.now)
         if when > self.now:
-            self.at(when, lambda: self._communicate(name))
+            self._job_at(name, when, lambda: self._communicate(name))
         else:
             self._communicate(name)
 
@@ -422,7 +508,8 @@ class Simulation:
         self._traffic_ended(name, host, now)
         state.hosts_left -= 1
         if state.hosts_left == 0:
-            self.at(now + state.job.compute_s + state.job.overhead_s, lambda: self._barrier(name))
+            job = state.job
+            self._job_at(name, now + job.compute_s + job.overhead_s, lambda: self._barrier(name))
 
     def _try_step(self, name: str, rank: int, left: float = 1.0) -> None:
         """Start `rank`'s next ring step if its own previous send and its predecessor's (the
@@ -471,16 +558,25 @@ class Simulation:
         iteration is done."""
         state = self.running[name]
         state.done_iterations += 1
-        if state.done_iterations < state.job.iterations:
-            self._ready(name)
-        else:
+        if state.done_iterations >= state.job.iterations:
             self._finish(name)
+            return
+        state.steady += 1
+        state.ends.append(self.now)
+        state.last_end = self.now
+        if self.settle and self._try_settle(name):
+            return
+        self._ready(name)
 
     def _finish(self, name: str) -> None:
-        job = self.running.pop(name).job
+        state = self.running.pop(name)
+        job = state.job
         self.results[name] = JobResult(name, job.arrival_s, self.now)
+        self._wanted.discard(name)
         for host in job.hosts:
             del self.measured[host][name]
+            self.links[host].remove_job(name, self.now)
+        self._links_changed(job.hosts, settled_only=True)
         self._evaluate(job.hosts)
 
     # Fast-forward ---------------------------------------------------------------------------
@@ -499,30 +595,74 @@ class Simulation:
         else:
             traffic, traffic_at = dict(busy), 0.0
         period = max(traffic.values()) + job.compute_s + job.overhead_s
-        state.tokens += 1
         iterations = job.iterations - state.done_iterations
-        skip = _Skip(self.now, iterations, period, traffic_at, traffic, busy, state.tokens)
-        state.skip = skip
-        token = state.tokens
-        self.at(self.now + iterations * period, lambda: self._skipped(name, token))
+        skip = _Skip(self.now, iterations, period, traffic_at, traffic, busy)
+        self._begin_skip(name, skip)
         # Its agents would look at it after every push; a driver's counts of what it saw
         # green (packing.OnTop) begin at its first load (the second iteration measured) and
         # trust its demand MEASURED_AFTER iterations later: evaluated then, as push by push.
         ends = skip.start + skip.traffic_at + max(skip.traffic_s.values())
         for index in (1, 1 + MEASURED_AFTER):
             if index < iterations:
-                self.at(ends + index * period, lambda: self._look(name, token))
+                self._job_at(name, ends + index * period, lambda: self._evaluate(job.hosts))
 
-    def _look(self, name: str, token: int) -> None:
-        state = self.running.get(name)
-        if state is not None and state.skip is not None and state.skip.token == token:
-            self._evaluate(state.job.hosts)
+    def _begin_skip(self, name: str, skip: _Skip) -> None:
+        state = self.running[name]
+        state.tokens += 1
+        state.skip = skip
+        end = max(self.now, skip.start + skip.iterations * skip.period_s)
+        self._job_at(name, end, lambda: self._skipped(name))
 
-    def _skipped(self, name: str, token: int) -> None:
-        state = self.running.get(name)
-        skip = state.skip if state is not None else None
-        if state is None or skip is None or skip.token != token:
-            return
+    def _try_settle(self, name: str) -> bool:
+        """Settle `name`'s component if every job of it has run steady (see the module doc);
+        whether it did."""
+        if self.running[name].steady < min(SETTLE_AFTER, 2):
+            return False
+        jobs = self._component(self.jobs[name].hosts)
+        if len(jobs) < 2:
+            return False
+        for other in jobs:
+            state = self.running[other]
+            waited = self.now - state.changed_at >= SETTLE_WAIT_S
+            if state.skip is not None or (state.steady < SETTLE_AFTER and not waited):
+                return False
+        self.counters.settles += 1
+        for other in sorted(jobs):
+            self._settle(other)
+        return True
+
+    def _settle(self, name: str) -> None:
+        state = self.running[name]
+        job = state.job
+        for host in job.hosts:
+            link = self.links[host]
+            if link.remove_job(name, self.now):
+                self._schedule_link(link)
+        start = state.last_end
+        if len(state.ends) >= 2:
+            period = (start - state.ends[0]) / (len(state.ends) - 1)
+        else:  # starved since the change (SETTLE_WAIT_S)
+            period = (self.now - state.changed_at) / (state.steady + 1)
+        traffic = {}
+        for host in job.hosts:
+            recent = list(self.measured[host][name].recent)[-SETTLE_MEASURE:]
+            lengths = [m.period_s - m.idle_before_s for m in recent if m.idle_before_s is not None]
+            traffic[host] = min(period, statistics.fmean(lengths)) if lengths else period
+        traffic_at = 0.0 if job.kind is JobKind.PS else period - max(traffic.values())
+        busy = {host: job.link_s(self.links[host].rate_bps) for host in job.hosts}
+        measured_first = frozenset(
+            host
+            for host in job.hosts
+            if (last := self.measured[host][name].last_push_end) is not None and last > start
+        )
+        iterations = job.iterations - state.done_iterations
+        skip = _Skip(start, iterations, period, traffic_at, traffic, busy, True, 0, measured_first)
+        self._begin_skip(name, skip)
+
+    def _skipped(self, name: str) -> None:
+        state = self.running[name]
+        skip = state.skip
+        assert skip is not None
         self._record_skipped(name, skip, skip.iterations)
         state.skip = None
         state.done_iterations += skip.iterations
@@ -538,30 +678,35 @@ class Simulation:
             self._record_skipped(name, skip, max(0, min(pushed, skip.iterations)))
 
     def _unskip(self, name: str) -> None:
-        """Another job arrived on one of `name`'s links: back to send by send, from where its
-        skipped iterations have got to."""
+        """Something changed on `name`'s links: back to send by send, from where its skipped
+        iterations have got to."""
         state = self.running[name]
         skip = state.skip
         if skip is None:
             return
         state.skip = None
+        state.tokens += 1
         job = state.job
-        done = min(int((self.now - skip.start) / skip.period_s), skip.iterations)
+        done = min(max(0, math.floor((self.now - skip.start) / skip.period_s)), skip.iterations)
+        if skip.settled:
+            done = min(done, skip.iterations - 1)  # its last iteration ends at its event
         self._record_skipped(name, skip, done)
         state.done_iterations += done
         if done == skip.iterations:  # its last iteration ends this very instant
-            self.at(self.now, lambda: self._finish(name))
+            self._job_at(name, self.now, lambda: self._finish(name))
             return
         began = skip.start + done * skip.period_s
+        state.last_end = began
         into = self.now - began - skip.traffic_at
         if into < 0:  # a ring, computing
-            self.at(began + skip.traffic_at, lambda: self._release(name))
+            self._job_at(name, began + skip.traffic_at, lambda: self._release(name))
             return
         self.counters.pushed_iterations += 1
         traffic_began = began + skip.traffic_at
+        measured = done == 0 and skip.measured_first
         if job.kind is JobKind.COLLECTIVE:
             # Every rank in the same step (its sends are paced by the slowest link).
-            share = into / max(skip.traffic_s.values()) * job.steps
+            share = min(into / max(skip.traffic_s.values()), 1.0) * job.steps
             step = min(int(share), job.steps - 1)
             state.started = [step] * len(job.hosts)
             state.sent = [step] * len(job.hosts)
@@ -574,16 +719,17 @@ class Simulation:
         for host, traffic_s in skip.traffic_s.items():
             if into < traffic_s:
                 state.hosts_left += 1
-                self.links[host].busy_s += into
+                self.links[host].busy_s += skip.busy_s[host] * into / traffic_s
                 self._traffic_began(name, host, traffic_began)
                 self._send(name, host, 1.0 - into / traffic_s)
-            elif skip.recorded == done:  # ended, and not measured yet
+            elif skip.recorded == done and not (measured and host in skip.measured_first):
+                # Ended, and not measured yet.
                 self._traffic_began(name, host, traffic_began)
                 self._push_ended(self.measured[host][name], traffic_began + traffic_s)
                 self.measured[host][name].flows_left = 0
                 self.links[host].busy_s += skip.busy_s[host]
         if state.hosts_left == 0:
-            self.at(began + skip.period_s, lambda: self._barrier(name))
+            self._job_at(name, max(self.now, began + skip.period_s), lambda: self._barrier(name))
 
     def _record_skipped(self, name: str, skip: _Skip, upto: int) -> None:
         """The measurements the agents took of skipped iterations `skip.recorded` to `upto`
@@ -592,12 +738,13 @@ class Simulation:
             return
         self.counters.skipped_iterations += upto - skip.recorded
         pushed = self.running[name].job.pushed_bytes
-        first = max(skip.recorded, upto - COMPUTE_ITERATIONS)
         for host, traffic_s in skip.traffic_s.items():
             self.links[host].busy_s += skip.busy_s[host] * (upto - skip.recorded)
             record = self.measured[host][name]
-            if first > skip.recorded:
-                record.count += first - skip.recorded
+            begin = skip.recorded + (1 if skip.recorded == 0 and host in skip.measured_first else 0)
+            first = max(begin, upto - COMPUTE_ITERATIONS)
+            if first > begin:
+                record.count += first - begin
                 last = skip.start + (first - 1) * skip.period_s + skip.traffic_at
                 record.last_push_end = last + traffic_s
             for k in range(first, upto):

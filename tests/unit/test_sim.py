@@ -142,9 +142,11 @@ def test_pack_puts_the_smaller_job_first_once_measured() -> None:
 
 
 def test_the_controller_puts_single_host_jobs_before_a_sharded_one() -> None:
-    """m2 through the real Registry and Planner: both single-host jobs run as if alone."""
+    """m2 through the real Registry and Planner: both single-host jobs run as if alone
+    (with a starvation window long enough that the sharded job's wait stays within it)."""
     scenario = SCENARIOS["m2"]
-    driver, discipline = driver_for("controller-pack", scenario, {"interval": "3s"})
+    meta = {"interval": "3s", "starvation_window": "300s"}
+    driver, discipline = driver_for("controller-pack", scenario, meta)
     assert isinstance(driver, Coordinated)
     jobs = [
         SimJob(j.name, j.model_bytes, j.workers, j.compute_s, j.iterations, 0.0, j.ps_hosts)
@@ -156,6 +158,34 @@ def test_the_controller_puts_single_host_jobs_before_a_sharded_one() -> None:
         assert results[single].jct_s == pytest.approx(alone, rel=0.05)
     assert results["sharded"].end_s > max(results["on-ps"].end_s, results["on-ps2"].end_s)
     assert driver.replan_s, "the planner was called"
+
+
+def test_the_controller_keeps_the_starvation_bound_the_agents_report() -> None:
+    """m2 with a 30 s window: the sharded job, waiting in the single-host jobs' gaps at a
+    third of its pace, passes the guard's threshold on both hosts; they report it starving
+    and the controller puts it first everywhere, until it has caught up."""
+    scenario = SCENARIOS["m2"]
+    driver, discipline = driver_for("controller-pack", scenario, {"starvation_window": "30s"})
+    assert isinstance(driver, Coordinated)
+    jobs = [
+        SimJob(j.name, j.model_bytes, j.workers, j.compute_s, j.iterations, 0.0, j.ps_hosts)
+        for j in scenario.jobs
+    ]
+    sim = Simulation({"ps": RATE, "ps2": RATE}, jobs, driver, discipline)
+    firsts: list[tuple[str, ...]] = []
+
+    def look() -> None:
+        top = {min(bands, key=bands.__getitem__) for bands in
+               (sim.links["ps"].bands, sim.links["ps2"].bands) if bands}  # fmt: skip
+        firsts.append(tuple(sorted(top)))
+        sim.at(sim.now + 1.0, look)
+
+    sim.at(1.0, look)
+    results = sim.run()
+    assert ("sharded",) in firsts[15:], "promoted on both hosts at once"
+    unbound, discipline = driver_for("controller-pack", scenario, {"starvation_window": "300s"})
+    before = Simulation({"ps": RATE, "ps2": RATE}, jobs, unbound, discipline).run()
+    assert results["sharded"].jct_s < 0.95 * before["sharded"].jct_s
 
 
 def test_the_prototype_rotates_per_host_with_its_phase() -> None:
@@ -171,7 +201,9 @@ def test_the_prototype_rotates_per_host_with_its_phase() -> None:
     assert seen[46.0] == {"j1": 0, "j2": 1}
 
 
-POLICIES = ["fifo", "fair", "static", "rotate", "pack", "controller-pack", "cassini", "crux"]
+POLICIES = [
+    "fifo", "fair", "static", "rotate", "pack", "controller-pack", "cassini", "crux", "tl-rr",
+]  # fmt: skip
 
 
 def _driver(policy: str) -> tuple[Driver, Discipline]:
@@ -185,6 +217,8 @@ def _driver(policy: str) -> tuple[Driver, Discipline]:
         return CassiniShifts(), Discipline.PRIORITY
     if policy == "crux":
         return CruxIntensity(), Discipline.PRIORITY
+    if policy == "tl-rr":  # the prototype over the jobs present (a cluster's day), phased
+        return PrototypeRR(None, 1.5, {"ps": 0.3, "ps2": 0.7}), Discipline.PRIORITY
     return HostPolicies(agent_policy(policy)), Discipline.PRIORITY
 
 
