@@ -18,6 +18,7 @@ restarting agent does not reshuffle the cluster) and is forgotten after it.
 
 from __future__ import annotations
 
+import math
 import secrets
 import statistics
 from collections import deque
@@ -319,14 +320,20 @@ class Registry:
         return set(self._iterated)
 
     def starving(self) -> dict[str, float]:
-        """Jobs some host's starvation guard would promote, with the largest lag any reports
-        (seconds): the cluster-wide order puts them first, the most behind first."""
+        """Jobs every host reporting them says starve (their guards would promote them),
+        with the smallest lag reported (seconds): the cluster-wide order puts them first,
+        the most behind first. A job's progress is one for all its hosts, and promoting it
+        moves it up on all of them, so all must see it behind: one host's misreading (a
+        waiting ring's steps grouped into iterations) would otherwise move the cluster."""
         lags: dict[str, float] = {}
+        calm: set[str] = set()
         for record in self.hosts.values():
             for job, reported in record.jobs.items():
-                if reported.lag_s is not None:
-                    lags[job] = max(lags.get(job, 0.0), reported.lag_s)
-        return lags
+                if reported.lag_s is None:
+                    calm.add(job)
+                else:
+                    lags[job] = min(lags.get(job, math.inf), reported.lag_s)
+        return {job: lag for job, lag in lags.items() if job not in calm}
 
     def young(self, now: float) -> set[str]:
         """Jobs an agent first reported less than MEASURE_GRACE_S ago (as of the last
