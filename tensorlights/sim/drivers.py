@@ -128,7 +128,10 @@ class HostPolicies(DriverBase):
                 sim.wake(host, phase)
                 continue
             jobs = sim.host_jobs(host)
-            plan = policy.evaluate(now, jobs, sim.loads(host), sim.started(host))
+            if policy.name is PolicyName.PACK:  # the one that reads telemetry
+                plan = policy.evaluate(now, jobs, sim.loads(host), sim.started(host))
+            else:
+                plan = policy.evaluate(now, jobs)
             sim.set_bands(host, plan.bands)
             scan = policy.name is PolicyName.PACK
             wake_agent(sim, host, now, plan.next_change_at, len(jobs), scan)

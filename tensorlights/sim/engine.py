@@ -141,15 +141,16 @@ class HostJob:
     last_push_end: float | None = None
     bytes_this_push: int = 0
     flows_left: int = 0
-    _load: tuple[int, JobLoad | None] = (-1, None)
+    _load: tuple[tuple[int, bool], JobLoad | None] = ((-1, False), None)
 
-    def load(self, rate_bps: float) -> JobLoad | None:
-        if self._load[0] != self.count:
-            recent = list(self.recent)
-            self._load = (
-                self.count,
-                job_load(recent, LOAD_ITERATIONS, self.count, False, rate_bps),
-            )
+    def load(self, rate_bps: float, holds: bool) -> JobLoad | None:
+        """What the agent reads of it now (`holds`: its bytes hold while it waits, a PS's)."""
+        busy = self.flows_left > 0
+        if self._load[0] != (self.count, busy):
+            load = job_load(list(self.recent), LOAD_ITERATIONS, self.count, busy, rate_bps)
+            if load is not None and not holds:
+                load = replace(load, bytes_hold_waiting=False)
+            self._load = ((self.count, busy), load)
         return self._load[1]
 
 
@@ -296,12 +297,8 @@ class Simulation:
         loads = {}
         for name, record in self.measured[host].items():
             self._catch_up(name)
-            load = record.load(rate)
+            load = record.load(rate, self.jobs[name].kind is JobKind.PS)
             if load is not None:
-                busy = record.flows_left > 0
-                holds = self.jobs[name].kind is JobKind.PS
-                if load.busy != busy or load.bytes_hold_waiting != holds:
-                    load = replace(load, busy=busy, bytes_hold_waiting=holds)
                 loads[name] = load
         return loads
 
