@@ -11,8 +11,10 @@ plan    times Planner.update (the coordinated schedule plus every host's slot or
 agents  starts a real controller process on loopback (mutual TLS, certificates from
         scripts/dev_ca.py) and N simulated agents in one asyncio process, each with its own
         certificate and TLS connection: register, hold the plan stream, and report as agents
-        do (rpc/agent_client.py): news at once, otherwise a heartbeat every 10 s
-        (--every-second: a report every second, as agents did before). With --churn R, R
+        do (rpc/agent_client.py): news at once, otherwise a heartbeat every 10 s, or every
+        half lease if that is sooner (each reply renews the plan's lease; the stream resends
+        a plan only to an agent that has not renewed it for 2/3 of a lease) (--every-second:
+        a report every second, as agents did before). With --churn R, R
         job starts or stops per second across the cluster, each on a random agent, which
         reports it at once; the time until that agent's plan stream brings its new plan is
         the membership change's propagation. Prints report latency over time (a backlog
@@ -43,6 +45,7 @@ ROOT = Path(__file__).resolve().parents[1]
 sys.path.insert(0, str(ROOT))
 
 from tensorlights.controller.planner import Planner  # noqa: E402
+from tensorlights.rpc.agent_client import RENEW_SHARE  # noqa: E402
 from tensorlights.rpc.v1 import agent_link_pb2 as pb  # noqa: E402
 from tensorlights.testbed.processes import free_port  # noqa: E402
 
@@ -134,10 +137,12 @@ async def simulated_agent(index: int, target: str, pki: Path, seconds: float, ru
         reply = pb.RegisterReply.FromString(await register(request.SerializeToString(), timeout=60))
         stream = watch(pb.WatchPlanRequest(session=reply.session).SerializeToString())
         changed_at: list[float] = []
+        lease_s: list[float] = []
 
         async def plans() -> None:
             with contextlib.suppress(grpc.aio.AioRpcError, asyncio.CancelledError):
-                async for _ in stream:
+                async for message in stream:
+                    lease_s[:] = [pb.HostPlan.FromString(message).lease_ms / 1000]
                     run.counters["plans"] += 1
                     if changed_at:
                         run.propagation.append(time.monotonic() - changed_at.pop())
@@ -169,10 +174,13 @@ async def simulated_agent(index: int, target: str, pki: Path, seconds: float, ru
             seq += 1
             message = pb.AgentReport(session=reply.session, seq=seq, jobs=jobs, mode="plan")
             sent = time.monotonic()
-            await report(message.SerializeToString(), timeout=60)
+            raw = await report(message.SerializeToString(), timeout=60)
+            answer = pb.ReportReply.FromString(raw)
             run.latencies.append((sent - run.start_at, time.monotonic() - sent))
             run.counters["reports"] += 1
-            next_beat = sent + heartbeat_s
+            run.counters["renewals"] += answer.lease_ms > 0
+            beat_s = min([heartbeat_s, *(lease * RENEW_SHARE for lease in lease_s)])
+            next_beat = sent + beat_s
             with contextlib.suppress(TimeoutError):
                 await asyncio.wait_for(
                     news.wait(), max(0.0, min(next_beat, end) - time.monotonic())
@@ -250,12 +258,17 @@ def bench_agents(count: int, seconds: float, every_second: bool, rate: float) ->
         finally:
             controller.terminate()
             controller.wait(15)
-        mode = "a report every second" if every_second else "news at once, heartbeats every 10 s"
+        mode = (
+            "a report every second"
+            if every_second
+            else "news at once, heartbeats every 10 s or half a lease"
+        )
         print(f"agents: {count} simulated agents (mTLS, one connection each), {mode}, "
               f"{seconds:.0f} s, churn {rate:g} job starts/stops per second")  # fmt: skip
         print(
             f"  reports {run.counters['reports']} ({run.counters['reports'] / seconds:.0f}/s), "
-            f"plans received {run.counters['plans']}, churn events {run.counters['churn']}"
+            f"plans received {run.counters['plans']} ({run.counters['renewals']} renewals by "
+            f"replies), churn events {run.counters['churn']}"
         )
         steady = sorted(lat for at, lat in run.latencies if at >= 0)
         if steady:

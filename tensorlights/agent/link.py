@@ -20,6 +20,7 @@ from tensorlights.model import (
     JobKind,
     LinkStatus,
     Mode,
+    PlanRenewal,
     PlanSlots,
     Registration,
     ReportedJob,
@@ -48,6 +49,8 @@ class ControllerBinding:
         self._wall = wall_clock
         self._wake = wake
         self._plans: queue.SimpleQueue[HostSchedule] = queue.SimpleQueue()
+        self._renewal: tuple[tuple[int, int], float] | None = None
+        """The latest plan renewal: the version renewed, its lease's end (monotonic)."""
         self._lock = threading.Lock()
         self._vouchers: tuple[Voucher, ...] | None = None
         self._new_vouchers: tuple[JobVoucher, ...] | None = None
@@ -66,6 +69,7 @@ class ControllerBinding:
             self._plan_received,
             lambda state: on_connected(state.state is LinkStatus.CONNECTED),
             self._vouchers_received,
+            self._renewal_received,
         )
 
     def start(self) -> None:
@@ -78,6 +82,17 @@ class ControllerBinding:
         """On the link's thread: times moved to our monotonic clock as the plan arrives."""
         self._plans.put(HostSchedule.from_plan(plan, self._clock(), self._wall()))
         self._wake()
+
+    def _renewal_received(self, renewal: PlanRenewal) -> None:
+        """On the link's thread, after a report: the lease runs from now."""
+        with self._lock:
+            self._renewal = (renewal.version, self._clock() + renewal.lease_s)
+
+    def take_renewal(self) -> tuple[tuple[int, int], float] | None:
+        """The latest renewal since the last call (plan version, lease end), else None."""
+        with self._lock:
+            renewal, self._renewal = self._renewal, None
+        return renewal
 
     def _vouchers_received(self, vouchers: tuple[Voucher, ...]) -> None:
         """On the link's thread, after every report: news only when they changed."""

@@ -110,6 +110,9 @@ class AgentLoop:
         for plan in link.take_plans() if link is not None else ():
             if not self.reconciler.offer_plan(plan):
                 log.warning("ignored a plan older than the one followed (a replay)")
+        renewal = link.take_renewal() if link is not None else None
+        if renewal is not None:
+            self.reconciler.renew_plan(*renewal)
         vouchers = link.take_vouchers() if link is not None else None
         if vouchers is not None:
             self.reconciler.offer_vouchers(vouchers)

@@ -151,6 +151,10 @@ class Reconciler:
         """A plan from the controller; False if it is older than the one followed (a replay)."""
         return self._policy.offer(plan)
 
+    def renew_plan(self, version: tuple[int, int], lease_until: float) -> bool:
+        """A report's reply renewed the plan of `version`; False if another is followed."""
+        return self._policy.renew(version, lease_until)
+
     def reconfigure(self, config: AgentConfig) -> None:
         """A reloaded config: keeps the arrival order when the policy stays the same. Marking
         is the dataplane's (the app turns it on or off)."""

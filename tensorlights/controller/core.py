@@ -11,6 +11,7 @@ from __future__ import annotations
 import asyncio
 import contextlib
 import logging
+import math
 import time
 from collections.abc import Callable, Sequence
 from dataclasses import dataclass
@@ -30,6 +31,10 @@ from tensorlights.model import HostReport, PlanSlots, Registration, Voucher
 log = logging.getLogger("tensorlights.controller")
 
 REPLAN_GAP_S = 0.05
+RESEND_SHARE = 2 / 3
+"""A plan stream resends its plan, unchanged, after this share of a lease without a renewal
+(the replies to an agent's reports renew it, and agents report at least every half lease):
+a third of the lease is left for it to arrive."""
 
 
 class NotLeader(TensorLightsError):
@@ -85,6 +90,9 @@ class Controller:
         self._clock = clock
         self._dirty = asyncio.Event()
         self._plan_changed: dict[str, asyncio.Event] = {}
+        self._renewed: dict[str, tuple[tuple[int, int], float]] = {}
+        """Per host: the plan version its stream sent last, and when its lease was last
+        renewed (monotonic seconds), by the stream or by a report's reply."""
         self._planned_version = -1
         self.changed = asyncio.Condition()
         """Notified after every replan (the operator Watch stream waits on it)."""
@@ -153,7 +161,31 @@ class Controller:
     def stream_closed(self, record: HostRecord) -> None:
         if self.registry.hosts.get(record.host) is record:
             self.registry.set_connected(record.session, False, self._clock())
+            self._renewed.pop(record.host, None)
             self._mark()
+
+    def plan_sent(self, host: str, plan: PlanSlots) -> None:
+        """The host's stream sent `plan` (its lease runs from now)."""
+        self._renewed[host] = (plan.version, time.monotonic())
+
+    def renewing(self, host: str) -> PlanSlots | None:
+        """The host's plan if a report's reply may renew its lease: the version its stream
+        sent last (a newer one is on its way: the stream carries it, and its lease)."""
+        renewed = self._renewed.get(host)
+        if not self.leading or renewed is None:
+            return None
+        plan = self.planner.plan_for(host)
+        if plan.version != renewed[0]:
+            return None
+        self._renewed[host] = (plan.version, time.monotonic())
+        return plan
+
+    def resend_at(self, host: str) -> float:
+        """When the host's stream sends its plan again, unchanged, to renew its lease:
+        RESEND_SHARE of a lease after the last renewal (agents report more often, each reply
+        renewing it: rpc/agent_client.RENEW_SHARE)."""
+        renewed = self._renewed.get(host)
+        return (renewed[1] if renewed else -math.inf) + RESEND_SHARE * self.planner.lease_s
 
     def vouchers_for(self, host: str) -> tuple[Voucher, ...]:
         return self.registry.vouchers_for(host)

@@ -215,6 +215,15 @@ class PlanFollower:
         self.plan = plan
         return True
 
+    def renew(self, version: tuple[int, int], lease_until: float) -> bool:
+        """Extend the lease of the plan held if it is `version` (the controller renews the
+        plan it last sent; another is on its way with its own lease)."""
+        if self.plan is None or self.plan.version != version:
+            return False
+        if lease_until > self.plan.lease_until:
+            self.plan = replace(self.plan, lease_until=lease_until)
+        return True
+
     def following(self, now: float) -> bool:
         return self.plan is not None and now < self.plan.lease_until
 

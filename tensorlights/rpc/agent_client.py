@@ -1,6 +1,8 @@
 """The agent's link to the controller: register, report every report interval, follow the
-plan stream -- in two daemon threads, handing plans (and the vouchers each report's reply
-carries) to the agent through callbacks.
+plan stream -- in two daemon threads, handing plans (and the vouchers and plan renewals each
+report's reply carries) to the agent through callbacks. While reports flow, their replies
+renew the plan's lease and the stream stays quiet; reports with no news (heartbeats) go at
+most RENEW_SHARE of a lease apart for that.
 
 The agent dials out; it listens on no TCP port. Any failure (controller down, stream cut,
 NOT_FOUND after a controller restart) drops the session: the link backs off (0.5 s doubling
@@ -32,6 +34,7 @@ from tensorlights.model import (
     LinkState,
     LinkStatus,
     Mode,
+    PlanRenewal,
     PlanSlots,
     Registration,
     ReportedJob,
@@ -61,6 +64,12 @@ within seconds of a restarted controller, inside its plan's lease (15 s by defau
 and followed it again only 8.3 s after it was back (benchmark m2, controller restarted).
 A refused connection costs the controller almost nothing."""
 MAX_PENDING_ROTATIONS = 256
+RENEW_SHARE = 1 / 2
+"""Reports go at most this share of the plan's lease apart (a heartbeat when nothing is news):
+each reply renews the lease, and the controller resends the plan on its stream only after
+RESEND_SHARE (2/3) of a lease without a renewal (controller/core.py). With the defaults
+(heartbeat 10 s, lease 15 s): a report every 7.5 s, no stream message, where a heartbeat
+every 10 s and a resend every 5 s went before."""
 
 
 class ControllerLink:
@@ -73,6 +82,7 @@ class ControllerLink:
         on_plan: Callable[[PlanSlots], None],
         on_state: Callable[[LinkState], None] = lambda state: None,
         on_vouchers: Callable[[tuple[Voucher, ...]], None] = lambda vouchers: None,
+        on_renewal: Callable[[PlanRenewal], None] = lambda renewal: None,
     ) -> None:
         self.addresses = split_addresses(address)
         if not self.addresses:
@@ -85,6 +95,9 @@ class ControllerLink:
         self._on_plan = on_plan
         self._on_state = on_state
         self._on_vouchers = on_vouchers
+        self._on_renewal = on_renewal
+        self._plan_lease_s: float | None = None
+        """The lease of the last plan received (the heartbeat keeps within a share of it)."""
         self._credentials = channel_credentials(tls)
         self._lock = threading.Lock()
         self._jobs: tuple[ReportedJob, ...] = ()
@@ -213,6 +226,7 @@ class ControllerLink:
         )
         interval_s = max(0.05, reply.report_interval_ms / 1000 or 1.0)
         heartbeat_s = max(interval_s, reply.heartbeat_interval_ms / 1000)
+        self._plan_lease_s = None
         plans = stub.WatchPlan(pb.WatchPlanRequest(session=reply.session))
         stream_error: list[Exception] = []
         watcher = threading.Thread(
@@ -225,14 +239,18 @@ class ControllerLink:
         try:
             while not self._stop.is_set() and watcher.is_alive():
                 report = self._next_report(reply.session, seq + 1)
-                # News at once, otherwise a heartbeat: 10x fewer reports than every second.
-                if sent is None or _news(sent, report) or time.monotonic() - sent_at >= heartbeat_s:
+                # News at once, otherwise a heartbeat: 10x fewer reports than every second,
+                # and often enough that the replies renew the plan's lease.
+                lease_s = self._plan_lease_s
+                due_s = heartbeat_s if lease_s is None else min(heartbeat_s, lease_s * RENEW_SHARE)
+                if sent is None or _news(sent, report) or time.monotonic() - sent_at >= due_s:
                     seq += 1
                     self._report(stub, report)
                     sent, sent_at = report, time.monotonic()
                 else:
                     self._count(reports_skipped=self.state.reports_skipped + 1)
-                self._report_now.wait(interval_s)
+                # The heartbeat on time, not at the next interval's check: a lease's margin.
+                self._report_now.wait(min(interval_s, max(0.0, sent_at + due_s - time.monotonic())))
                 self._report_now.clear()
         finally:
             plans.cancel()
@@ -261,11 +279,16 @@ class ControllerLink:
             raise
         self._count(reports=self.state.reports + 1)
         self._on_vouchers(convert.vouchers(reply))
+        renewal = convert.renewal(reply)
+        if renewal is not None:
+            self._count(renewals=self.state.renewals + 1)
+            self._on_renewal(renewal)
 
     def _watch(self, plans: Any, errors: list[Exception]) -> None:
         try:
             for message in plans:
                 plan = convert.plan_slots(message)
+                self._plan_lease_s = plan.lease_s
                 self._count(plans=self.state.plans + 1, last_plan_generation=plan.generation)
                 self._on_plan(plan)
         except grpc.RpcError as exc:

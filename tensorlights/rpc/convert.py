@@ -20,6 +20,7 @@ from tensorlights.model import (
     HostReport,
     JobKind,
     Mode,
+    PlanRenewal,
     PlanSlots,
     Registration,
     ReportedJob,
@@ -237,8 +238,11 @@ def plan_slots(message: pb.HostPlan) -> PlanSlots:
     )
 
 
-def report_reply(seq: int, vouchers: Sequence[Voucher]) -> pb.ReportReply:
-    return pb.ReportReply(
+def report_reply(
+    seq: int, vouchers: Sequence[Voucher], renewing: PlanSlots | None = None
+) -> pb.ReportReply:
+    """`renewing`: the host's plan, whose lease the reply renews (None: none)."""
+    message = pb.ReportReply(
         seq=seq,
         vouchers=[
             pb.Voucher(
@@ -252,6 +256,20 @@ def report_reply(seq: int, vouchers: Sequence[Voucher]) -> pb.ReportReply:
             )
             for v in vouchers
         ],
+    )
+    if renewing is not None:
+        message.plan_incarnation = renewing.incarnation
+        message.plan_generation = renewing.generation
+        message.lease_ms = round(renewing.lease_s * 1000)
+    return message
+
+
+def renewal(message: pb.ReportReply) -> PlanRenewal | None:
+    """The plan lease a report's reply renews, if any."""
+    if message.lease_ms == 0:
+        return None
+    return PlanRenewal(
+        int(message.plan_incarnation), int(message.plan_generation), message.lease_ms / 1000
     )
 
 

@@ -10,6 +10,7 @@ from __future__ import annotations
 
 import asyncio
 import contextlib
+import time
 from collections.abc import AsyncIterator, Awaitable, Callable
 from typing import Any, NoReturn, TypeAlias
 
@@ -124,19 +125,29 @@ class _Handlers:
             await self.reject(context, grpc.StatusCode.FAILED_PRECONDITION, str(exc))
         except UnknownSession as exc:
             await self.reject(context, grpc.StatusCode.NOT_FOUND, str(exc))
-        return convert.report_reply(report.seq, self.controller.vouchers_for(record.host))
+        return convert.report_reply(
+            report.seq,
+            self.controller.vouchers_for(record.host),
+            self.controller.renewing(record.host),
+        )
 
     async def watch_plan(self, data: bytes, context: Context) -> AsyncIterator[link_pb.HostPlan]:
         session = await self.checked(context, convert.watch_plan_session, data)
         record = await self.session(context, session)
         controller = self.controller
         changed = controller.stream_opened(record)
-        renew_s = controller.planner.lease_s / 3
         try:
             while controller.current(record):
-                yield convert.plan_message(controller.plan_for(record.host))
-                with contextlib.suppress(TimeoutError):  # timed out: resend, renewing the lease
-                    await asyncio.wait_for(changed.wait(), renew_s)
+                plan = controller.plan_for(record.host)
+                yield convert.plan_message(plan)
+                controller.plan_sent(record.host, plan)
+                # The next plan, or this one again when no report's reply renewed its lease.
+                while not changed.is_set():
+                    wait_s = controller.resend_at(record.host) - time.monotonic()
+                    if wait_s <= 0:
+                        break
+                    with contextlib.suppress(TimeoutError):
+                        await asyncio.wait_for(changed.wait(), wait_s)
                 changed.clear()
         finally:
             controller.stream_closed(record)

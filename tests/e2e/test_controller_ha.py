@@ -5,6 +5,8 @@ each timed."""
 
 from __future__ import annotations
 
+import contextlib
+import itertools
 import threading
 import time
 import urllib.request
@@ -291,5 +293,77 @@ def test_agents_report_news_at_once_and_otherwise_only_a_heartbeat(tmp_path: Pat
         beat = wait(lambda: reports() == 4, 5, "a heartbeat")
         assert beat - quiet_from >= 3 - 0.5
     finally:
+        link.stop()
+        controller.stop()
+
+
+def test_report_replies_renew_plans_and_the_stream_resends_only_to_silent_agents(
+    tmp_path: Path,
+) -> None:
+    """One controller, lease 6 s: a reporting agent's plan is renewed by its reports' replies
+    (heartbeats every half lease) and its stream sends nothing more; a client that watches its
+    plan but never reports gets the plan again every 2/3 of a lease."""
+    import grpc
+
+    from tensorlights.model import PlanRenewal
+    from tensorlights.rpc import convert
+    from tensorlights.rpc.tls import channel_credentials, channel_options
+    from tensorlights.rpc.v1 import agent_link_pb2 as pb
+    from tensorlights.rpc.v1 import agent_link_pb2_grpc as pb_grpc
+
+    silent_host = "h2"
+    pki = make_pki(tmp_path / "pki", ["127.0.0.1"], [HOST, silent_host])
+    port = free_port()
+    controller = ControllerProcess(
+        None, tmp_path, pki, "--lease", "6s",
+        listen=f"127.0.0.1:{port}", metrics=f"127.0.0.1:{free_port()}",
+    )  # fmt: skip
+    plans: list[float] = []
+    renewals: list[PlanRenewal] = []
+    renew_times: list[float] = []
+    tls = TlsFiles(pki / "ca.pem", pki / f"{HOST}.pem", pki / f"{HOST}.key")
+    registration = Registration(HOST, time.time_ns(), "test", (("eth0", 10**9),), "pack")
+    link = ControllerLink(
+        f"127.0.0.1:{port}", tls, "127.0.0.1", registration,
+        on_plan=lambda plan: plans.append(time.monotonic()),
+        on_renewal=lambda r: (renewals.append(r), renew_times.append(time.monotonic())),
+    )  # fmt: skip
+    link.update((ReportedJob("job-a", frozenset({5000}), 1, 1),), Mode.LOCAL, "")
+    silent_tls = TlsFiles(pki / "ca.pem", pki / f"{silent_host}.pem", pki / f"{silent_host}.key")
+    channel = grpc.secure_channel(
+        f"127.0.0.1:{port}", channel_credentials(silent_tls), channel_options("127.0.0.1")
+    )
+    silent_plans: list[float] = []
+    link.start()
+    try:
+        # The second renewal: by then the plan is the one the first replan gave this host.
+        wait(lambda: len(renewals) >= 2, 15, "reports' replies renewing the plan")
+        settled = len(plans)
+        stub = pb_grpc.AgentLinkStub(channel)  # type: ignore[no-untyped-call]
+        silent = Registration(silent_host, time.time_ns(), "test", (("eth0", 10**9),), "pack")
+        reply = stub.Register(convert.registration_message(silent), timeout=5)
+        stream = stub.WatchPlan(pb.WatchPlanRequest(session=reply.session))
+
+        def watch() -> None:
+            with contextlib.suppress(grpc.RpcError):  # cancelled at the end
+                for _ in stream:
+                    silent_plans.append(time.monotonic())
+
+        watcher = threading.Thread(target=watch, daemon=True)
+        watcher.start()
+        wait(lambda: len(silent_plans) >= 4, 15, "the silent client's plan, resent")
+        # At once (and again as the replan gives the host its own generation), then each 2/3
+        # of a lease (4 s) after the one before.
+        gaps = [b - a for a, b in itertools.pairwise(silent_plans[1:])]
+        assert all(3.5 <= gap <= 4.6 for gap in gaps), gaps
+        # Meanwhile the reporting agent: renewed by replies (every 3 s), no plan resent.
+        assert len(plans) == settled, (plans, silent_plans, renew_times)
+        assert len(renewals) >= 3 and link.state.renewals == len(renewals)
+        assert all(r.lease_s == 6.0 and r.generation == link.state.last_plan_generation
+                   for r in renewals[-2:])  # fmt: skip
+        stream.cancel()
+        watcher.join(5)
+    finally:
+        channel.close()
         link.stop()
         controller.stop()

@@ -24,6 +24,7 @@ from tensorlights.errors import ConfigError
 from tensorlights.model import (
     HostReport,
     Mode,
+    PlanRenewal,
     PlanSlots,
     Registration,
     ReportedJob,
@@ -358,6 +359,12 @@ def test_vouchers_say_per_host_what_the_sources_vouch_for() -> None:
     reply = convert.report_reply(5, registry.vouchers_for("a"))
     assert convert.vouchers(pb.ReportReply.FromString(reply.SerializeToString())) == (
         registry.vouchers_for("a")
+    )
+    assert convert.renewal(reply) is None
+    plan = PlanSlots(3, 17, 15.0, 0.0, 1.0, (("j",),))
+    renewing = convert.report_reply(6, (), plan)
+    assert convert.renewal(pb.ReportReply.FromString(renewing.SerializeToString())) == (
+        PlanRenewal(3, 17, 15.0)
     )
 
 

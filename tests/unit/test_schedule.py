@@ -128,6 +128,20 @@ def test_follower_rejects_older_plans_and_falls_back_when_the_lease_lapses() -> 
     assert after.rotated == (near_end.green != "a")
 
 
+def test_a_renewal_extends_only_the_plan_it_names() -> None:
+    """A report's reply renews the plan the controller last sent: the one held here, or a
+    newer one still on its way (then nothing is renewed: it brings its own lease)."""
+    follower = PlanFollower(BandPolicy(PolicyName.STATIC))
+    assert not follower.renew((1, 5), 200.0)  # no plan yet
+    follower.offer(plan(generation=5, lease=150.0))
+    assert not follower.renew((1, 6), 200.0)
+    assert follower.evaluate(151.0, {"a", "b"}).generation == 0  # lapsed
+    assert follower.renew((1, 5), 200.0)  # back: the same plan, renewed
+    assert follower.evaluate(160.0, {"a", "b"}).generation == 5
+    assert follower.renew((1, 5), 180.0)  # an older reply never shortens the lease
+    assert follower.plan is not None and follower.plan.lease_until == 200.0
+
+
 def test_only_demands_measured_in_the_light_are_reported_while_following_a_plan() -> None:
     """A job waiting in a lower band reads a low demand (its idle before a push inflated by
     the wait): reported to the controller, it put the waiting job ahead of the green one.

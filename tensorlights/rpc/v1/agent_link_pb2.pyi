@@ -89,12 +89,18 @@ class AgentReport(_message.Message):
     def __init__(self, session: _Optional[str] = ..., seq: _Optional[int] = ..., jobs: _Optional[_Iterable[_Union[PsJob, _Mapping]]] = ..., rotations: _Optional[_Iterable[_Union[Rotation, _Mapping]]] = ..., mode: _Optional[str] = ..., health: _Optional[str] = ...) -> None: ...
 
 class ReportReply(_message.Message):
-    __slots__ = ("seq", "vouchers")
+    __slots__ = ("seq", "vouchers", "plan_incarnation", "plan_generation", "lease_ms")
     SEQ_FIELD_NUMBER: _ClassVar[int]
     VOUCHERS_FIELD_NUMBER: _ClassVar[int]
+    PLAN_INCARNATION_FIELD_NUMBER: _ClassVar[int]
+    PLAN_GENERATION_FIELD_NUMBER: _ClassVar[int]
+    LEASE_MS_FIELD_NUMBER: _ClassVar[int]
     seq: int
     vouchers: _containers.RepeatedCompositeFieldContainer[Voucher]
-    def __init__(self, seq: _Optional[int] = ..., vouchers: _Optional[_Iterable[_Union[Voucher, _Mapping]]] = ...) -> None: ...
+    plan_incarnation: int
+    plan_generation: int
+    lease_ms: int
+    def __init__(self, seq: _Optional[int] = ..., vouchers: _Optional[_Iterable[_Union[Voucher, _Mapping]]] = ..., plan_incarnation: _Optional[int] = ..., plan_generation: _Optional[int] = ..., lease_ms: _Optional[int] = ...) -> None: ...
 
 class Voucher(_message.Message):
     __slots__ = ("job", "source", "user", "pods")
