@@ -252,12 +252,17 @@ class BandPolicy:
         if self._green is None or self._green_since is None:
             self._set_green(self._green or self._order[0], now)
             return
-        elapsed = now - self._green_since
-        if elapsed < self.interval_s or len(self._order) == 1:
+        # Compared as next_change_at is computed (green_since + interval): woken at that
+        # instant, `now - green_since` can come out a hair under the interval.
+        if now < self._green_since + self.interval_s or len(self._order) == 1:
             return
         # Slots keep their cadence on the monotonic clock: a late evaluation moves the light
         # by the number of whole slots that passed, and the slot starts on its boundary.
-        slots = int(elapsed // self.interval_s)
+        slots = max(1, int((now - self._green_since) // self.interval_s))
+        while self._green_since + (slots + 1) * self.interval_s <= now:
+            slots += 1
+        while slots > 1 and self._green_since + slots * self.interval_s > now:
+            slots -= 1
         position = self._order.index(self._green)
         self._green = self._order[(position + slots) % len(self._order)]
         self._green_since += slots * self.interval_s

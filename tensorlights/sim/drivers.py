@@ -157,7 +157,10 @@ def wake_agent(
         return
     when = next_change_at if next_change_at is not None else math.inf
     if scan:
-        when = min(when, now + SCAN_S)
+        # On a grid: a scan's phase set by the host's evaluations would differ with how often
+        # it is evaluated (a job skipping its iterations is evaluated only where its
+        # measurements change), and so would what the guard sees.
+        when = min(when, (math.floor(now / SCAN_S + ROUNDING_S) + 1) * SCAN_S)
     if when < math.inf:
         # A move due now that this evaluation did not make is a rounding short of its slot
         # boundary (green_since + interval == now, elapsed a hair under interval).
@@ -194,6 +197,8 @@ class Coordinated(DriverBase):
         self._seq: dict[str, int] = {}
         self._reported: dict[str, tuple[ReportedJob, ...]] = {}
         self._next_look: dict[str, float] = {}
+        self._look_wake: dict[str, float] = {}
+        """Per host, the look a wake-up is set for (news pending)."""
         self._renew_at: dict[str, float] = {}
 
     def attach(self, sim: Simulation) -> None:
@@ -213,9 +218,22 @@ class Coordinated(DriverBase):
         for host in mine:
             jobs = sim.host_jobs(host)
             came_or_went = jobs != {job.job for job in self._reported[host]}
-            if came_or_went or now >= self._next_look.get(host, 0.0):
-                self._next_look[host] = now + self.report_interval_s
-                reported |= self._report(sim, host, now, came_or_went)
+            # The agent's link looks for news every report interval, on its own clock: on
+            # a grid (a phase set by this host's evaluations would differ with how often
+            # it is evaluated, and a job skipping its iterations is evaluated only where its
+            # measurements change).
+            look = self._next_look.get(host, 0.0)
+            if came_or_went or now >= look - ROUNDING_S:
+                grid = self.report_interval_s
+                self._next_look[host] = (math.floor(now / grid + ROUNDING_S) + 1) * grid
+                news = self._news(sim, host, came_or_went)
+                if news is not None:
+                    self._report(host, now, news)
+                    reported = True
+            elif self._look_wake.get(host) != look and self._news(sim, host, False) is not None:
+                # News the next look sends, whatever happens until then.
+                self._look_wake[host] = look
+                sim.wake(host, look)
         offered = self._replan(now) if reported else set()
         for host in mine | offered:
             if host not in offered and self._renew_at.get(host, math.inf) <= now:
@@ -231,8 +249,10 @@ class Coordinated(DriverBase):
             if renew is not None and len(jobs) >= 2:
                 sim.wake(host, renew)
 
-    def _report(self, sim: Simulation, host: str, now: float, came_or_went: bool) -> bool:
-        """Report `host` if it has news; whether it did."""
+    def _news(
+        self, sim: Simulation, host: str, came_or_went: bool
+    ) -> tuple[ReportedJob, ...] | None:
+        """What `host` would report now, if it is news."""
         follower = self.followers[host]
         demands = follower.trusted_demands(sim.loads(host))
         starving = follower.starving()
@@ -247,13 +267,15 @@ class Coordinated(DriverBase):
                 )
             )  # fmt: skip
         if not came_or_went and not jobs_moved(self._reported[host], jobs):
-            return False
+            return None
+        return tuple(jobs)
+
+    def _report(self, host: str, now: float, jobs: tuple[ReportedJob, ...]) -> None:
         self._seq[host] += 1
-        mode = Mode.PLAN if follower.following(now) else Mode.LOCAL
-        report = HostReport(self._sessions[host], self._seq[host], tuple(jobs), (), mode, "")
+        mode = Mode.PLAN if self.followers[host].following(now) else Mode.LOCAL
+        report = HostReport(self._sessions[host], self._seq[host], jobs, (), mode, "")
         self.registry.report(report, now)
-        self._reported[host] = tuple(jobs)
-        return True
+        self._reported[host] = jobs
 
     def _replan(self, now: float) -> set[str]:
         """Replan; offer the hosts whose plan changed, and return them."""
@@ -291,6 +313,8 @@ class PrototypeRR(DriverBase):
         self.phases = dict(phases or {})
         self._green: dict[str, int] = {}
         self._rebuilt: dict[str, float] = {}
+        self._counts: dict[str, int] = {}
+        """Per host, the jobs its light moved among at its last evaluation."""
 
     def attach(self, sim: Simulation) -> None:
         super().attach(sim)
@@ -310,8 +334,17 @@ class PrototypeRR(DriverBase):
             # (A rebuild due now counts even a rounding short of it: woken at rebuilt +
             # period, now - rebuilt can come out a hair under period, and it woke again.)
             turns = max(0, math.floor((now - rebuilt) / self.period_s + 1e-9))
-            self._green[host] = (self._green.get(host, 0) + turns) % len(jobs)
             self._rebuilt[host] = rebuilt = rebuilt + turns * self.period_s
+            # Each rebuild moves the light among the jobs present then: those before now
+            # among the jobs of the last evaluation (membership changes are evaluated at
+            # once), one due now among today's. Taken mod today's count instead, a host
+            # left unevaluated while one job ran alone (fast-forward) lit another job than
+            # one evaluated at every push.
+            at_now = turns > 0 and now - rebuilt < 1e-9 * self.period_s
+            before = turns - at_now
+            green = (self._green.get(host, 0) + before) % self._counts.get(host, len(jobs))
+            self._green[host] = (green + at_now) % len(jobs)
+            self._counts[host] = len(jobs)
             prios = original_prios(len(jobs), self._green[host])
             sim.set_bands(host, dict(zip(jobs, prios, strict=True)))
             if self.members is not None or len(jobs) >= 2:

@@ -671,7 +671,8 @@ class Simulation:
         skip = self.running[name].skip
         if skip is not None:
             ended = self.now - skip.start - skip.traffic_at - max(skip.traffic_s.values())
-            pushed = math.floor(ended / skip.period_s) + 1
+            # (At a look set for a push's end, `ended` can come out a hair short of it.)
+            pushed = math.floor(ended / skip.period_s + 1e-9) + 1
             self._record_skipped(name, skip, max(0, min(pushed, skip.iterations)))
 
     def _unskip(self, name: str) -> None:
@@ -695,7 +696,10 @@ class Simulation:
         began = skip.start + done * skip.period_s
         state.last_end = began
         into = self.now - began - skip.traffic_at
-        if into < 0:  # a ring, computing
+        if into < 0 or (into == 0 and job.compute_first):
+            # A ring, computing (or done this very instant: its release is an event of its
+            # own, after what is happening now, as when it runs send by send: the order in
+            # which pushes join a link decides which of them ramps).
             self._job_at(name, began + skip.traffic_at, lambda: self._release(name))
             return
         self.counters.pushed_iterations += 1
