@@ -63,6 +63,16 @@ def test_rotate_cadence_is_kept_when_evaluations_are_late() -> None:
     assert plan.green == "c" and plan.green_since == 2.0 and plan.next_change_at == 3.0
 
 
+def test_rotate_moves_when_woken_at_its_own_next_change() -> None:
+    """0.7 + 0.1 - 0.7 comes out under 0.1: judged by the elapsed time, the light stayed
+    put at the instant it said it would move, and moved a wake-up later."""
+    policy = BandPolicy(PolicyName.ROTATE, interval_s=0.1)
+    first = policy.evaluate(0.7, {"a", "b"})
+    assert first.next_change_at is not None and first.next_change_at - 0.7 < 0.1
+    moved = policy.evaluate(first.next_change_at, {"a", "b"})
+    assert moved.green == "b" and moved.green_since == first.next_change_at
+
+
 def test_new_job_joins_between_slots_and_finished_green_hands_over_at_once() -> None:
     policy = BandPolicy(PolicyName.ROTATE, interval_s=10.0)
     assert policy.evaluate(0.0, {"a", "b"}).green == "a"
