@@ -33,6 +33,19 @@ class ControllerMetrics:
         self.reports = Counter(
             "tensorlights_controller_reports", "Agent reports accepted", registry=registry
         )
+        self.report_seconds = Histogram(
+            "tensorlights_controller_report_seconds",
+            "Time a report takes in its handler (parse, checks, registry, the reply)",
+            buckets=(0.0005, 0.001, 0.0025, 0.005, 0.01, 0.025, 0.05, 0.1, 0.25),
+            registry=registry,
+        )
+        self.plans_sent = Counter(
+            "tensorlights_controller_plans_sent",
+            "Plans sent on agents' plan streams: 'changed' (new or first), 'lease' (the same "
+            "plan again: no report's reply renewed its lease)",
+            ["why"],
+            registry=registry,
+        )
         self.rejected = Counter(
             "tensorlights_controller_rejected_requests",
             "Requests refused, by gRPC status",

@@ -117,6 +117,7 @@ class _Handlers:
         )
 
     async def report(self, data: bytes, context: Context) -> link_pb.ReportReply:
+        started = time.perf_counter()
         report = await self.checked(context, convert.report, data)
         await self.session(context, report.session)
         try:
@@ -125,29 +126,36 @@ class _Handlers:
             await self.reject(context, grpc.StatusCode.FAILED_PRECONDITION, str(exc))
         except UnknownSession as exc:
             await self.reject(context, grpc.StatusCode.NOT_FOUND, str(exc))
-        return convert.report_reply(
+        reply = convert.report_reply(
             report.seq,
             self.controller.vouchers_for(record.host),
             self.controller.renewing(record.host),
         )
+        self.controller.metrics.report_seconds.observe(time.perf_counter() - started)
+        return reply
 
     async def watch_plan(self, data: bytes, context: Context) -> AsyncIterator[link_pb.HostPlan]:
         session = await self.checked(context, convert.watch_plan_session, data)
         record = await self.session(context, session)
         controller = self.controller
         changed = controller.stream_opened(record)
+        why = "changed"
         try:
             while controller.current(record):
                 plan = controller.plan_for(record.host)
                 yield convert.plan_message(plan)
                 controller.plan_sent(record.host, plan)
+                controller.metrics.plans_sent.labels(why).inc()
                 # The next plan, or this one again when no report's reply renewed its lease.
+                why = "lease"
                 while not changed.is_set():
                     wait_s = controller.resend_at(record.host) - time.monotonic()
                     if wait_s <= 0:
                         break
                     with contextlib.suppress(TimeoutError):
                         await asyncio.wait_for(changed.wait(), wait_s)
+                if changed.is_set():
+                    why = "changed"
                 changed.clear()
         finally:
             controller.stream_closed(record)

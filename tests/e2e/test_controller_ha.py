@@ -363,6 +363,15 @@ def test_report_replies_renew_plans_and_the_stream_resends_only_to_silent_agents
                    for r in renewals[-2:])  # fmt: skip
         stream.cancel()
         watcher.join(5)
+        with urllib.request.urlopen(f"http://{controller.metrics}/metrics", timeout=2) as page:
+            samples = dict(
+                line.rsplit(" ", 1) for line in page.read().decode().splitlines()
+                if line and not line.startswith("#")
+            )  # fmt: skip
+        resent = float(samples['tensorlights_controller_plans_sent_total{why="lease"}'])
+        # The silent client's resends (those a lease apart), none of the agent's.
+        assert resent == sum(b - a >= 3.5 for a, b in itertools.pairwise(silent_plans))
+        assert float(samples["tensorlights_controller_report_seconds_count"]) >= len(renewals)
     finally:
         channel.close()
         link.stop()
