@@ -35,6 +35,7 @@ import subprocess
 import sys
 import tempfile
 import time
+import urllib.request
 from collections import Counter
 from dataclasses import dataclass, field
 from pathlib import Path
@@ -236,12 +237,12 @@ def bench_agents(count: int, seconds: float, every_second: bool, rate: float) ->
             [sys.executable, str(ROOT / "scripts" / "dev_ca.py"), str(pki), "--controller",
              "127.0.0.1", *agents], check=True, capture_output=True,
         )  # fmt: skip
-        port = free_port()
+        port, metrics_port = free_port(), free_port()
         (work / "none.toml").write_text("")
         controller = subprocess.Popen(
             [sys.executable, "-m", "tensorlights.cli.controller", "run", "--config",
              str(work / "none.toml"), "--listen", f"127.0.0.1:{port}", "--socket",
-             str(work / "ctl.sock"), "--metrics-address", f"127.0.0.1:{free_port()}",
+             str(work / "ctl.sock"), "--metrics-address", f"127.0.0.1:{metrics_port}",
              "--state-dir", str(work / "state"), "--tls-ca", str(pki / "ca.pem"),
              "--tls-cert", str(pki / "controller.pem"), "--tls-key",
              str(pki / "controller.key"), "--log-level", "warning", "--policy", "pack"],
@@ -255,6 +256,7 @@ def bench_agents(count: int, seconds: float, every_second: bool, rate: float) ->
                                          rate, controller.pid))  # fmt: skip
             run, cpu, wall = started
             rss = proc_rss_mib(controller.pid)
+            samples = scrape(f"http://127.0.0.1:{metrics_port}/metrics")
         finally:
             controller.terminate()
             controller.wait(15)
@@ -284,6 +286,17 @@ def bench_agents(count: int, seconds: float, every_second: bool, rate: float) ->
             )
         print(f"  controller CPU {cpu / wall * 100:.0f}% of one core over the measured window, "
               f"RSS {rss:.0f} MiB")  # fmt: skip
+        handled = histogram(samples, "tensorlights_controller_report_seconds")
+        sent = {
+            why: samples.get(f'tensorlights_controller_plans_sent_total{{why="{why}"}}', 0.0)
+            for why in ("changed", "lease")
+        }
+        print(
+            f"  in the controller (every report, registration included): report handling "
+            f"p50 <= {bucket_quantile(handled, 0.5) * 1000:g} ms, "
+            f"p99 <= {bucket_quantile(handled, 0.99) * 1000:g} ms; plans sent: "
+            f"{sent['changed']:.0f} changed, {sent['lease']:.0f} resent for the lease"
+        )
     finally:
         shutil.rmtree(work, ignore_errors=True)
 
@@ -301,6 +314,32 @@ async def _timed(
     cpu_before, wall_before = proc_cpu_s(pid), time.monotonic()
     run = await task
     return run, proc_cpu_s(pid) - cpu_before, time.monotonic() - wall_before
+
+
+def scrape(url: str) -> dict[str, float]:
+    """The controller's metrics, sample name (with labels) -> value."""
+    with urllib.request.urlopen(url, timeout=10) as page:
+        lines = page.read().decode().splitlines()
+    return {
+        name: float(value)
+        for name, value in (line.rsplit(" ", 1) for line in lines if line and line[0] != "#")
+    }
+
+
+def histogram(samples: dict[str, float], name: str) -> list[tuple[float, float]]:
+    """A Prometheus histogram's cumulative buckets: (upper bound, count), ascending."""
+    buckets = []
+    for key, count in samples.items():
+        if key.startswith(f'{name}_bucket{{le="'):
+            bound = key.split('le="', 1)[1].split('"', 1)[0]
+            buckets.append((float(bound), count))
+    return sorted(buckets)
+
+
+def bucket_quantile(buckets: list[tuple[float, float]], q: float) -> float:
+    """The upper bound of the bucket holding quantile `q` (what a histogram can say)."""
+    total = buckets[-1][1] if buckets else 0.0
+    return next((bound for bound, count in buckets if count >= q * total), float("nan"))
 
 
 def _pct(ordered: list[float], q: float) -> float:
