@@ -70,18 +70,12 @@ class Planner:
         self.slot_s = slot_s
         self.lease_s = lease_s
         self.incarnation = incarnation
+        self.generation = 0
         self.schedule = Schedule((), {})
         self._membership: dict[str, frozenset[str]] = {}
         self._ranking: tuple[str, ...] = ()
-        self._published: tuple[int, dict[str, int], dict[str, tuple[tuple[str, ...], ...]]]
-        self._published = (0, {}, {})
-        """The generation, each host's plan generation, each host's slot orders: replaced
-        whole by `update` (which may run in a worker thread while the event loop reads
-        plans), so a reader never sees one host's orders with another update's generation."""
-
-    @property
-    def generation(self) -> int:
-        return self._published[0]
+        self._orders: dict[str, tuple[tuple[str, ...], ...]] = {}
+        self._generation_of: dict[str, int] = {}
 
     def update(
         self,
@@ -126,8 +120,11 @@ class Planner:
             known = _fewest_hosts_first(known, membership, demands.keys() | placed)
             promoted = {job: lag for job, lag in (starving or {}).items() if job in membership}
             ranking = tuple(pack_order(known, demands, promoted, end_times, holding))
-        generation, generation_of, old_orders = self._published
-        if membership == self._membership and hosts == set(old_orders) and ranking == self._ranking:
+        if (
+            membership == self._membership
+            and hosts == set(self._orders)
+            and ranking == self._ranking
+        ):
             return set()
         self._membership = dict(membership)
         self._ranking = ranking
@@ -137,33 +134,33 @@ class Planner:
                 if host in jobs_of:
                     jobs_of[host].append(job)
         if self.policy is ClusterPolicy.PACK:
-            schedule, orders = _ranked_plan(ranking, membership, jobs_of)
+            self.schedule, orders = _ranked_plan(ranking, membership, jobs_of)
         else:
-            schedule = build_schedule(membership)
-            orders = {host: host_orders(schedule, jobs) for host, jobs in jobs_of.items()}
-        changed = {host for host, order in orders.items() if old_orders.get(host) != order}
-        generation_of = {host: g for host, g in generation_of.items() if host in orders}
+            self.schedule = build_schedule(membership)
+            orders = {host: host_orders(self.schedule, jobs) for host, jobs in jobs_of.items()}
+        changed = {host for host, order in orders.items() if self._orders.get(host) != order}
         if changed:
-            generation += 1
-            generation_of.update(dict.fromkeys(changed, generation))
-        self.schedule = schedule
-        self._published = (generation, generation_of, orders)
+            self.generation += 1
+            for host in changed:
+                self._generation_of[host] = self.generation
+        for host in set(self._orders) - set(orders):
+            self._generation_of.pop(host, None)
+        self._orders = orders
         return changed
 
     def plan_for(self, host: str) -> PlanSlots:
-        generation, generation_of, orders = self._published
         return PlanSlots(
             incarnation=self.incarnation,
-            generation=generation_of.get(host, generation),
+            generation=self._generation_of.get(host, self.generation),
             lease_s=self.lease_s,
             epoch=EPOCH,
             slot_s=self.slot_s,
-            slots=orders.get(host, ()),
+            slots=self._orders.get(host, ()),
         )
 
     def rotation(self, host: str, now: float, upcoming: int = 3) -> HostRotationView:
         """Who is green on `host` at Unix time `now`, since when, and the next changes."""
-        orders = self._published[2].get(host, ())
+        orders = self._orders.get(host, ())
         jobs = frozenset(job for order in orders[:1] for job in order)
         schedule = HostSchedule(
             self.incarnation, 0, EPOCH, self.slot_s, orders, lease_until=math.inf
