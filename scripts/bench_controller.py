@@ -12,8 +12,8 @@ agents  starts a real controller process on loopback (mutual TLS, certificates f
         scripts/dev_ca.py) and N simulated agents in one asyncio process, each with its own
         certificate and TLS connection: register, hold the plan stream, and report as agents
         do (rpc/agent_client.py): news at once, otherwise a heartbeat every 10 s, or every
-        half lease if that is sooner (each reply renews the plan's lease; the stream resends
-        a plan only to an agent that has not renewed it for 2/3 of a lease) (--every-second:
+        2/3 of a lease if that is sooner (each reply renews the plan's lease; the stream
+        resends a plan only to an agent that has not renewed it for 0.8 of a lease) (--every-second:
         a report every second, as agents did before). With --churn R, R
         job starts or stops per second across the cluster, each on a random agent, which
         reports it at once; the time until that agent's plan stream brings its new plan is
@@ -114,6 +114,8 @@ class Run:
     """(seconds into the run, report latency)"""
     propagation: list[float] = field(default_factory=list)
     counters: Counter[str] = field(default_factory=Counter)
+    failures: Counter[str] = field(default_factory=Counter)
+    """Reports that failed (the agent stopped there), by status and time into the run."""
     churning: bool = False
 
 
@@ -175,7 +177,11 @@ async def simulated_agent(index: int, target: str, pki: Path, seconds: float, ru
             seq += 1
             message = pb.AgentReport(session=reply.session, seq=seq, jobs=jobs, mode="plan")
             sent = time.monotonic()
-            raw = await report(message.SerializeToString(), timeout=60)
+            try:
+                raw = await report(message.SerializeToString(), timeout=60)
+            except grpc.aio.AioRpcError as exc:  # counted, and this agent stops
+                run.failures[f"{exc.code().name} at {sent - run.start_at:.0f} s"] += 1
+                break
             answer = pb.ReportReply.FromString(raw)
             run.latencies.append((sent - run.start_at, time.monotonic() - sent))
             run.counters["reports"] += 1
@@ -263,7 +269,7 @@ def bench_agents(count: int, seconds: float, every_second: bool, rate: float) ->
         mode = (
             "a report every second"
             if every_second
-            else "news at once, heartbeats every 10 s or half a lease"
+            else "news at once, heartbeats every 10 s or 2/3 of a lease"
         )
         print(f"agents: {count} simulated agents (mTLS, one connection each), {mode}, "
               f"{seconds:.0f} s, churn {rate:g} job starts/stops per second")  # fmt: skip
@@ -272,6 +278,8 @@ def bench_agents(count: int, seconds: float, every_second: bool, rate: float) ->
             f"plans received {run.counters['plans']} ({run.counters['renewals']} renewals by "
             f"replies), churn events {run.counters['churn']}"
         )
+        if run.failures:
+            print(f"  FAILED reports (each stopped its agent): {dict(run.failures)}")
         steady = sorted(lat for at, lat in run.latencies if at >= 0)
         if steady:
             print(

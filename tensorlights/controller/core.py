@@ -31,10 +31,10 @@ from tensorlights.model import HostReport, PlanSlots, Registration, Voucher
 log = logging.getLogger("tensorlights.controller")
 
 REPLAN_GAP_S = 0.05
-RESEND_SHARE = 2 / 3
+RESEND_SHARE = 0.8
 """A plan stream resends its plan, unchanged, after this share of a lease without a renewal
-(the replies to an agent's reports renew it, and agents report at least every half lease):
-a third of the lease is left for it to arrive."""
+(the replies to an agent's reports renew it, and agents report at least every 2/3 of a
+lease): a fifth of the lease is left for it to arrive."""
 
 
 class NotLeader(TensorLightsError):
