@@ -23,6 +23,9 @@ WHY = {
     ("r2", "tl-rr-original"): "likely the prototype's rebuild itself: deleting the qdisc "
     "every 20 s drops what is queued (TCP retransmits), which the model does not have; "
     "not verified",
+    ("m3", "controller-pack"): "its runs spread 45.15-50.99 s: one within 1.2% of the "
+    "simulation, two 14% slower; what in them (the guard's promotions, timed by the "
+    "testbed's telemetry where the model's is exact) made the difference is not established",
     ("c1", "pack"): "the agents' telemetry misgroups a waiting ring's steps (docs/design.md), "
     "so each host's pack moved the light 3 times a run on the testbed, where the model's "
     "exact telemetry orders every host the same way at once (1 move)",

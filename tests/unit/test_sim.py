@@ -109,12 +109,14 @@ def test_a_ring_is_paced_by_its_slowest_link() -> None:
 
 
 def test_the_benchmarks_collective_scenarios_are_simulated() -> None:
-    """c1 and c2's DDP rings on the four shaped hosts, every policy the benchmark ran there,
-    within 12% of its medians (docs/sim.md names the one row past 10%)."""
+    """c1 and c2's DDP rings on the four shaped hosts, every policy the benchmark ran there
+    (the controller's pack since it keeps the starvation bound ran on a later VM only:
+    bench-collective-vm2, outside the calibration, docs/sim.md), within 12% of its medians
+    (docs/sim.md names the row past 10%)."""
     rows = calibration(
         {"bench-collective": Measured.load(RESULTS / "bench-collective")}, TcpModel(0.5, 0.05)
     )
-    assert {row.scenario for row in rows} == {"c1", "c2"} and len(rows) == 12
+    assert {row.scenario for row in rows} == {"c1", "c2"} and len(rows) == 10
     worst = max(rows, key=lambda row: abs(row.error))
     assert abs(worst.error) <= 0.12, worst
 
