@@ -119,11 +119,16 @@ class Measured:
 
 def unhindered(measured: Measured, link_rate_bps: float) -> bool:
     """Whether the iteration's push ran at the link's speed (see UNHINDERED_FACTOR)."""
+    return _unhindered(measured, wire_bytes(8.0) / link_rate_bps)
+
+
+def _unhindered(measured: Measured, byte_s: float) -> bool:
+    """`byte_s`: a payload byte's link time (computed once per reading: the agent and the
+    simulator read a job's load at every push, over its recent iterations)."""
     if measured.idle_before_s is None:
         return False
-    link_s = wire_bytes(measured.pushed_bytes) * 8 / link_rate_bps
     push_s = measured.period_s - measured.idle_before_s
-    return push_s <= UNHINDERED_FACTOR * link_s + UNHINDERED_SLACK_S
+    return push_s <= UNHINDERED_FACTOR * measured.pushed_bytes * byte_s + UNHINDERED_SLACK_S
 
 
 def job_load(
@@ -137,7 +142,8 @@ def job_load(
     (median) and the compute (the second shortest idle before an unhindered one, else before
     any: then not settled; see the module doc); None without either."""
     pushed = [m.pushed_bytes for m in recent[-newest:]] if newest > 0 else []
-    clean = [m.idle_before_s for m in recent if unhindered(m, link_rate_bps)]
+    byte_s = wire_bytes(8.0) / link_rate_bps
+    clean = [m.idle_before_s for m in recent if _unhindered(m, byte_s)]
     idles = clean or [m.idle_before_s for m in recent]
     shortest = heapq.nsmallest(2, (idle for idle in idles if idle is not None))
     if not pushed or not shortest:

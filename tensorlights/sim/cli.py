@@ -19,9 +19,8 @@ from tensorlights.sim.report import (
     plot_scale,
     scale_markdown,
 )
-from tensorlights.sim.scale import POLICIES, ScaleResult
-from tensorlights.sim.scale import run as run_at_scale
-from tensorlights.sim.workload import ClusterSpec, PsPlacement, generate
+from tensorlights.sim.scale import POLICIES, ScaleResult, Task, run_all, workload_of
+from tensorlights.sim.workload import ClusterSpec, PsPlacement
 from tensorlights.units import parse_rate
 
 CALIBRATION_SOURCES = ("results/bench", "results/bench-real", "results/bench-multihost",
@@ -102,10 +101,15 @@ def calibrate(sources: tuple[Path, ...], fit: Path, out: Path, no_plots: bool) -
     "--out", type=click.Path(path_type=Path), default="results/sim-scale", show_default=True,
     help="Where report.md, results.json and the plots go.",
 )  # fmt: skip
+@click.option(
+    "--workers", type=click.IntRange(1), default=1, show_default=True,
+    help="Day runs at once, each in a process of its own (up to one per core: the runs are "
+    "CPU-bound). The first-hour speed runs always run one at a time.",
+)  # fmt: skip
 @click.option("--no-plots", is_flag=True, help="Markdown only (no matplotlib).")
 def scale(
     hosts: int, jobs: int, nic: str, ps_share: float, ps_placement: str, seed: int,
-    policies: str, reach: str, speed: bool, out: Path, no_plots: bool,
+    policies: str, reach: str, speed: bool, workers: int, out: Path, no_plots: bool,
 ) -> None:  # fmt: skip
     """A cluster's day (jobs and placements drawn from public traces' distributions, see
     tensorlights/sim/workload.py) under every policy: average and p95 JCT and the share of
@@ -123,23 +127,19 @@ def scale(
         raise click.BadParameter(str(exc)) from None
     if any(not 0 <= share < 1 for share in shares):
         raise click.BadParameter("--reach: shares within [0, 1) (all hosts always runs)")
-    workload = generate(spec)
+    workload = workload_of(spec)
     click.echo(f"{len(workload.networked)} of {len(workload.jobs)} jobs with network traffic")
-    results = []
-    for policy in chosen:
-        results.append(run_at_scale(workload, policy))
-        click.echo(_line(results[-1]))
-    swept = []
-    if "controller-pack" in chosen:
-        for share in shares:
-            swept.append(run_at_scale(workload, "controller-pack", reach=share))
-            click.echo(_line(swept[-1]))
+    days = [Task(policy) for policy in chosen]
+    sweep = (
+        [Task("controller-pack", share) for share in shares] if "controller-pack" in chosen else []
+    )
+    hours = [Task(policy, until_s=3600.0) for policy in chosen] if speed else []
+    # The speed runs alone: timed beside another run, a core shared would count against them.
+    every = run_all(spec, [*days, *sweep], workers, lambda r: click.echo(_line(r)))
+    results, swept = every[: len(days)], every[len(days) :]
+    if sweep:
         swept.append(next(r for r in results if r.policy == "controller-pack"))
-    timed = []
-    if speed:
-        for policy in chosen:
-            timed.append(run_at_scale(workload, policy, until_s=3600.0))
-            click.echo(f"1 h, {policy}: {timed[-1].wall_s:.1f} s")
+    timed = run_all(spec, hours, 1, lambda r: click.echo(f"1 h, {r.policy}: {r.wall_s:.1f} s"))
     out.mkdir(parents=True, exist_ok=True)
     command = "python -m tensorlights.sim scale " + " ".join(sys.argv[2:])
     text = scale_markdown(workload, results, swept, timed, command.strip())

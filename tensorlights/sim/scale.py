@@ -13,14 +13,17 @@ from __future__ import annotations
 import random
 import statistics
 import time
+from collections.abc import Callable, Iterator, Sequence
+from concurrent.futures import ProcessPoolExecutor, as_completed
 from dataclasses import dataclass
+from functools import cache
 
 from tensorlights.policy.bands import PolicyName
 from tensorlights.sim.baselines import CassiniShifts, CruxIntensity
 from tensorlights.sim.drivers import Coordinated, HostPolicies, NoBands, PrototypeRR, agent_policy
 from tensorlights.sim.engine import Driver, Simulation
 from tensorlights.sim.network import Discipline
-from tensorlights.sim.workload import Workload
+from tensorlights.sim.workload import ClusterSpec, Workload, generate
 
 POLICIES = ("fifo", "static", "tl-rr-original", "pack", "controller-pack", "cassini", "crux")
 """FIFO, per-host TL-One and TL-RR (the prototype: a 20 s rotation, hosts' phases not
@@ -84,15 +87,20 @@ def driver(policy: str, workload: Workload, reach: float = 1.0) -> tuple[Driver,
 
 
 def run(
-    workload: Workload, policy: str, reach: float = 1.0, until_s: float | None = None
+    workload: Workload,
+    policy: str,
+    reach: float = 1.0,
+    until_s: float | None = None,
+    settle: bool = True,
 ) -> ScaleResult:
     """Simulate `workload` under `policy` until every counted job has finished (or
-    `until_s`: the speed benchmark's hour)."""
+    `until_s`: the speed benchmark's hour); without `settle`, every shared link send by
+    send (exact, and slow: scripts/sim_settle_error.py compares the two)."""
     jobs = workload.networked
     counted = [job for job in jobs if job.started_s + job.alone_s <= workload.spec.day_s]
     sim_jobs = [job.sim_job for job in jobs if job.sim_job is not None]
     the_driver, discipline = driver(policy, workload, reach)
-    sim = Simulation(workload.links, sim_jobs, the_driver, discipline, settle=True)
+    sim = Simulation(workload.links, sim_jobs, the_driver, discipline, settle=settle)
     limit = until_s if until_s is not None else RUN_LIMIT_DAYS * workload.spec.day_s
     began = time.perf_counter()
     results = sim.run(until_s=limit, wanted=[job.name for job in counted])
@@ -131,6 +139,51 @@ def run(
         replan_p99_ms=_quantile(replans, 0.99) * 1e3,
         slowdowns=tuple(slowdowns),
     )
+
+
+@dataclass(frozen=True)
+class Task:
+    """One run of a cluster's day (see run)."""
+
+    policy: str
+    reach: float = 1.0
+    until_s: float | None = None
+
+
+def run_all(
+    spec: ClusterSpec, tasks: Sequence[Task], workers: int, done: Callable[[ScaleResult], None]
+) -> list[ScaleResult]:
+    """Every task on `spec`'s workload, `workers` at a time in processes of their own (each
+    generates the same workload from the spec), `done` called as each ends; the results in
+    the tasks' order."""
+    results: dict[int, ScaleResult] = {}
+    for index, result in _each(spec, tasks, workers):
+        results[index] = result
+        done(result)
+    return [results[index] for index in range(len(tasks))]
+
+
+def _each(
+    spec: ClusterSpec, tasks: Sequence[Task], workers: int
+) -> Iterator[tuple[int, ScaleResult]]:
+    if workers <= 1:
+        for index, task in enumerate(tasks):
+            yield index, _run_task(spec, task)
+        return
+    with ProcessPoolExecutor(workers) as pool:
+        futures = {pool.submit(_run_task, spec, task): index for index, task in enumerate(tasks)}
+        for future in as_completed(futures):
+            yield futures[future], future.result()
+
+
+def _run_task(spec: ClusterSpec, task: Task) -> ScaleResult:
+    return run(workload_of(spec), task.policy, task.reach, task.until_s)
+
+
+@cache
+def workload_of(spec: ClusterSpec) -> Workload:
+    """`spec`'s workload, generated once per process (generate is deterministic)."""
+    return generate(spec)
 
 
 def _quantile(values: list[float], q: float) -> float:
