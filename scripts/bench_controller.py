@@ -37,7 +37,7 @@ import tempfile
 import time
 import urllib.request
 from collections import Counter
-from dataclasses import dataclass, field
+from dataclasses import dataclass, field, replace
 from pathlib import Path
 
 import grpc
@@ -45,7 +45,10 @@ import grpc
 ROOT = Path(__file__).resolve().parents[1]
 sys.path.insert(0, str(ROOT))
 
-from tensorlights.controller.planner import Planner  # noqa: E402
+from tensorlights.controller.core import plan_update  # noqa: E402
+from tensorlights.controller.planner import ClusterPolicy, Planner  # noqa: E402
+from tensorlights.controller.registry import Registry  # noqa: E402
+from tensorlights.model import HostReport, Mode, Registration, ReportedJob  # noqa: E402
 from tensorlights.rpc.agent_client import RENEW_SHARE  # noqa: E402
 from tensorlights.rpc.v1 import agent_link_pb2 as pb  # noqa: E402
 from tensorlights.testbed.processes import free_port  # noqa: E402
@@ -90,6 +93,79 @@ def bench_plan(hosts: int, jobs: int, repeat: int) -> None:
         f"  one job arrives    median {statistics.median(incremental) * 1000:7.1f} ms   "
         f"max {max(incremental) * 1000:7.1f} ms   ({len(changed)} host plans changed)"
     )
+
+
+def bench_replan(hosts: int, jobs: int, repeat: int) -> None:
+    """What one replan costs the controller under --policy pack: the registry's views of
+    what every agent reported, then Planner.update (core.plan_update), after each kind of
+    news a report brings."""
+    members = membership(hosts, jobs)
+    rng = random.Random(2)
+    registry = Registry()
+    sessions: dict[str, str] = {}
+    seqs: dict[str, int] = {}
+    for i in range(hosts):
+        host = f"h{i:05d}"
+        registration = Registration(host, 1, "bench", (("eth0", 25_000_000_000),), "pack")
+        sessions[host] = registry.register(registration, 0.0).session
+        seqs[host] = 0
+    on_host: dict[str, dict[str, ReportedJob]] = {f"h{i:05d}": {} for i in range(hosts)}
+    for job, job_hosts in members.items():
+        measured = rng.random() < 0.9  # the others still being measured
+        demand = rng.uniform(0.05, 0.9) if measured else None
+        for host in job_hosts:
+            on_host[host][job] = ReportedJob(
+                job, frozenset(), 1, 4, period_s=0.5 if measured else None, demand=demand
+            )
+
+    def report(host: str) -> None:
+        seqs[host] += 1
+        report = HostReport(
+            sessions[host], seqs[host], tuple(on_host[host].values()), (), Mode.PLAN, ""
+        )
+        registry.report(report, 100.0)
+
+    for host in on_host:
+        report(host)
+    planner = Planner(3.0, 15.0, 1, ClusterPolicy.PACK)
+    started = time.perf_counter()
+    plan_update(registry, planner, 100.0)
+    scratch = time.perf_counter() - started
+    busy = [host for host, found in on_host.items() if found]
+    timings: dict[str, list[float]] = {"a demand moved": [], "a job came": [], "a job left": []}
+    views: list[float] = []
+    changed: dict[str, int] = {}
+    for run in range(repeat):
+        for news in timings:
+            host = rng.choice(busy)
+            if news == "a demand moved":
+                job, state = next(iter(on_host[host].items()))
+                on_host[host][job] = replace(state, demand=rng.uniform(0.05, 0.9))
+            elif news == "a job came":
+                job = f"job/new{run}"
+                on_host[host][job] = ReportedJob(job, frozenset(), 1, 4)
+            else:
+                job = f"job/new{run}"
+                host = next(h for h, found in on_host.items() if job in found)
+                del on_host[host][job]
+            report(host)
+            started = time.perf_counter()
+            registry.membership(), registry.demands(), registry.iterative()
+            registry.starving(), registry.young(100.0), registry.arrival_order()
+            views.append(time.perf_counter() - started)
+            started = time.perf_counter()
+            changed[news] = len(plan_update(registry, planner, 100.0))
+            timings[news].append(time.perf_counter() - started)
+    print(
+        f"replan (--policy pack, fed by a registry of {hosts} reporting hosts, {jobs} jobs, "
+        f"90% measured): from scratch {scratch * 1000:.1f} ms"
+    )
+    for news, spent in timings.items():
+        print(
+            f"  {news:15s} median {statistics.median(spent) * 1000:7.1f} ms   "
+            f"max {max(spent) * 1000:7.1f} ms   ({changed[news]} host plans changed)"
+        )
+    print(f"  of which the registry's views: median {statistics.median(views) * 1000:.1f} ms")
 
 
 def proc_cpu_s(pid: int) -> float:
@@ -361,6 +437,10 @@ def main() -> int:
     plan.add_argument("--hosts", type=int, default=10_000)
     plan.add_argument("--jobs", type=int, default=5_000)
     plan.add_argument("--repeat", type=int, default=5)
+    replan = sub.add_parser("replan")
+    replan.add_argument("--hosts", type=int, default=10_000)
+    replan.add_argument("--jobs", type=int, default=5_000)
+    replan.add_argument("--repeat", type=int, default=5)
     agents = sub.add_parser("agents")
     agents.add_argument("--agents", type=int, default=500)
     agents.add_argument("--seconds", type=float, default=30)
@@ -369,6 +449,8 @@ def main() -> int:
     args = parser.parse_args()
     if args.what == "plan":
         bench_plan(args.hosts, args.jobs, args.repeat)
+    elif args.what == "replan":
+        bench_replan(args.hosts, args.jobs, args.repeat)
     else:
         bench_agents(args.agents, args.seconds, args.every_second, args.churn)
     return 0

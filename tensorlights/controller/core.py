@@ -71,6 +71,21 @@ class HostRotations:
     """(green, applied at, plan generation) as the agent reported, newest last."""
 
 
+def plan_update(registry: Registry, planner: Planner, now: float) -> set[str]:
+    """The planner's update from what the registry knows at `now` (every replan: the
+    controller's, the simulator's, the benchmark's); the hosts whose plan changed."""
+    return planner.update(
+        registry.membership(),
+        set(registry.hosts),
+        registry.demands(),
+        registry.arrival_order(),
+        registry.end_times(),
+        registry.iterative(),
+        registry.young(now),
+        registry.starving(),
+    )
+
+
 class Controller:
     def __init__(
         self,
@@ -212,16 +227,7 @@ class Controller:
             log.info("host %s forgotten: disconnected for over the host timeout", host)
         self._planned_version = self.registry.version
         started = time.perf_counter()
-        changed = self.planner.update(
-            self.registry.membership(),
-            set(self.registry.hosts),
-            self.registry.demands(),
-            self.registry.arrival_order(),
-            self.registry.end_times(),
-            self.registry.iterative(),
-            self.registry.young(self._clock()),
-            self.registry.starving(),
-        )
+        changed = plan_update(self.registry, self.planner, self._clock())
         if changed:
             self.metrics.plan_seconds.observe(time.perf_counter() - started)
             self.metrics.generation.set(self.planner.generation)

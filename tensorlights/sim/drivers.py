@@ -22,6 +22,7 @@ from collections.abc import Callable, Collection, Mapping
 from tensorlights.agent.config import AgentConfig
 from tensorlights.bench.legacy_tc import original_prios
 from tensorlights.controller.config import ControllerConfig
+from tensorlights.controller.core import plan_update
 from tensorlights.controller.planner import ClusterPolicy, Planner
 from tensorlights.controller.registry import Registry
 from tensorlights.model import HostReport, Mode, Registration, ReportedJob, jobs_moved
@@ -280,11 +281,7 @@ class Coordinated(DriverBase):
     def _replan(self, now: float) -> set[str]:
         """Replan; offer the hosts whose plan changed, and return them."""
         began = time.perf_counter()
-        changed = self.planner.update(
-            self.registry.membership(), set(self.registry.hosts), self.registry.demands(),
-            self.registry.arrival_order(), self.registry.end_times(), self.registry.iterative(),
-            self.registry.young(now), self.registry.starving(),
-        )  # fmt: skip
+        changed = plan_update(self.registry, self.planner, now)
         self.replan_s.append(time.perf_counter() - began)
         for host in changed:
             self._offer(host, now)
