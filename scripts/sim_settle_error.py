@@ -36,7 +36,7 @@ def main(hosts: int, jobs: int, hours: float, seeds: str, policies: str) -> None
     errors: dict[str, list[float]] = {policy: [] for policy in chosen}
     click.echo(
         "| seed | policy | counted | avg JCT exact | settled | error | p95 error "
-        "| slowed > 2x exact / settled | wall exact / settled | settles |"
+        "| slowed > 2x exact / settled | CPU exact / settled | settles |"
     )
     click.echo("|---:|---|---:|---:|---:|---:|---:|---:|---:|---:|")
     for seed in (int(s) for s in seeds.split(",")):
@@ -51,7 +51,7 @@ def main(hosts: int, jobs: int, hours: float, seeds: str, policies: str) -> None
                 f"| {settled.avg_jct_s:.0f} s | {error:+.1f}% "
                 f"| {_error(settled.p95_jct_s, exact.p95_jct_s):+.1f}% "
                 f"| {exact.slowed_share:.1%} / {settled.slowed_share:.1%} "
-                f"| {exact.wall_s:.0f} / {settled.wall_s:.0f} s | {settled.settles} |"
+                f"| {exact.cpu_s:.0f} / {settled.cpu_s:.0f} s | {settled.settles} |"
             )
     click.echo("\nper policy, average JCT error: mean of |error|, largest")
     for policy, values in errors.items():

@@ -135,7 +135,10 @@ class ControllerConfig:
     )
     heartbeat_interval_s: float = spec.duration_param(
         "heartbeat_interval",
-        "A report with no news is sent only this often (it refreshes telemetry for tlctl).",
+        "A report with no news is sent only this often: it refreshes what tlctl shows, and "
+        "its reply renews the plan's lease (between them the plan stream does; a host's "
+        "liveness is its stream's). Reports are most of the controller's cost: 60s suits "
+        "10,000 hosts.",
         10.0,
         "--heartbeat-interval",
         low=0.1,
@@ -227,10 +230,8 @@ class ControllerConfig:
         self.tls.read("tls")  # unreadable files: refuse to start
         if self.lease_s < 3 * self.report_interval_s:
             raise ConfigError("lease must be at least three report intervals")
-        if not self.report_interval_s <= self.heartbeat_interval_s <= self.host_timeout_s / 2:
-            raise ConfigError(
-                "heartbeat_interval must be between report_interval and half of host_timeout"
-            )
+        if self.heartbeat_interval_s < self.report_interval_s:
+            raise ConfigError("heartbeat_interval must be at least report_interval")
         if self.etcd:
             if self.advertise is None:
                 raise ConfigError(

@@ -33,8 +33,11 @@ log = logging.getLogger("tensorlights.controller")
 REPLAN_GAP_S = 0.05
 RESEND_SHARE = 0.8
 """A plan stream resends its plan, unchanged, after this share of a lease without a renewal
-(the replies to an agent's reports renew it, and agents report at least every 2/3 of a
-lease): a fifth of the lease is left for it to arrive."""
+(each reply to an agent's report renews it): a fifth of the lease is left for it to arrive.
+With the defaults (heartbeat 10 s, lease 15 s) the heartbeats' replies renew every plan and
+the streams stay quiet; with heartbeats further apart (a large cluster's setting) the
+streams renew the plans: a plan sent on an open stream costs the controller about a tenth of
+what a report does (2026-11-26: ~0.1 ms against ~1.5 ms of a core on the 2-core VM)."""
 
 
 class NotLeader(TensorLightsError):
@@ -197,8 +200,8 @@ class Controller:
 
     def resend_at(self, host: str) -> float:
         """When the host's stream sends its plan again, unchanged, to renew its lease:
-        RESEND_SHARE of a lease after the last renewal (agents report more often, each reply
-        renewing it: rpc/agent_client.RENEW_SHARE)."""
+        RESEND_SHARE of a lease after the last renewal (by the stream, or by a report's
+        reply)."""
         renewed = self._renewed.get(host)
         return (renewed[1] if renewed else -math.inf) + RESEND_SHARE * self.planner.lease_s
 

@@ -1,8 +1,11 @@
 """The agent's link to the controller: register, report every report interval, follow the
 plan stream -- in two daemon threads, handing plans (and the vouchers and plan renewals each
-report's reply carries) to the agent through callbacks. While reports flow, their replies
-renew the plan's lease and the stream stays quiet; reports with no news (heartbeats) go at
-most RENEW_SHARE of a lease apart for that.
+report's reply carries) to the agent through callbacks. News is reported at once, and
+otherwise a heartbeat every heartbeat interval (the controller's setting). Each reply renews
+the plan's lease; where heartbeats are further apart than that needs, the controller's plan
+stream renews it instead, resending the plan (controller/core.RESEND_SHARE): a plan sent on
+an open stream costs the controller a tenth of what a report does, so no report is sent
+only to renew a lease.
 
 The agent dials out; it listens on no TCP port. Any failure (controller down, stream cut,
 NOT_FOUND after a controller restart) drops the session: the link backs off (0.5 s doubling
@@ -64,13 +67,6 @@ within seconds of a restarted controller, inside its plan's lease (15 s by defau
 and followed it again only 8.3 s after it was back (benchmark m2, controller restarted).
 A refused connection costs the controller almost nothing."""
 MAX_PENDING_ROTATIONS = 256
-RENEW_SHARE = 2 / 3
-"""Reports go at most this share of the plan's lease apart (a heartbeat when nothing is news):
-each reply renews the lease, and the controller resends the plan on its stream only after
-RESEND_SHARE (0.8) of a lease without a renewal (controller/core.py). With the defaults
-(heartbeat 10 s, lease 15 s): a heartbeat every 10 s as before and no stream message, where
-a resend every 5 s went besides (a report costs the controller more than a plan sent: at
-half a lease, 7.5 s, the extra reports ate what the silent streams saved)."""
 
 
 class ControllerLink:
@@ -97,8 +93,6 @@ class ControllerLink:
         self._on_state = on_state
         self._on_vouchers = on_vouchers
         self._on_renewal = on_renewal
-        self._plan_lease_s: float | None = None
-        """The lease of the last plan received (the heartbeat keeps within a share of it)."""
         self._credentials = channel_credentials(tls)
         self._lock = threading.Lock()
         self._jobs: tuple[ReportedJob, ...] = ()
@@ -227,7 +221,6 @@ class ControllerLink:
         )
         interval_s = max(0.05, reply.report_interval_ms / 1000 or 1.0)
         heartbeat_s = max(interval_s, reply.heartbeat_interval_ms / 1000)
-        self._plan_lease_s = None
         plans = stub.WatchPlan(pb.WatchPlanRequest(session=reply.session))
         stream_error: list[Exception] = []
         watcher = threading.Thread(
@@ -240,10 +233,10 @@ class ControllerLink:
         try:
             while not self._stop.is_set() and watcher.is_alive():
                 report = self._next_report(reply.session, seq + 1)
-                # News at once, otherwise a heartbeat: 10x fewer reports than every second,
-                # and often enough that the replies renew the plan's lease.
-                lease_s = self._plan_lease_s
-                due_s = heartbeat_s if lease_s is None else min(heartbeat_s, lease_s * RENEW_SHARE)
+                # News at once, otherwise a heartbeat: 10x fewer reports than every second
+                # with the defaults (each reply renews the plan's lease; past 0.8 of a lease
+                # without one, the plan stream does).
+                due_s = heartbeat_s
                 if sent is None or _news(sent, report) or time.monotonic() - sent_at >= due_s:
                     seq += 1
                     self._report(stub, report)
@@ -289,7 +282,6 @@ class ControllerLink:
         try:
             for message in plans:
                 plan = convert.plan_slots(message)
-                self._plan_lease_s = plan.lease_s
                 self._count(plans=self.state.plans + 1, last_plan_generation=plan.generation)
                 self._on_plan(plan)
         except grpc.RpcError as exc:

@@ -157,5 +157,5 @@ def _line(result: ScaleResult) -> str:
     return (
         f"{result.policy} (agents on {result.reach:.0%}): avg JCT {result.avg_jct_s:.0f} s, "
         f"p95 {result.p95_jct_s:.0f} s, slowed > 2x {result.slowed_share:.1%} "
-        f"({result.wall_s:.0f} s)"
+        f"({result.cpu_s:.0f} s of CPU)"
     )

@@ -216,7 +216,7 @@ class Coordinated(DriverBase):
         sim = self.sim
         mine = {host for host in hosts if host in self.followers}
         reported = False
-        for host in mine:
+        for host in sorted(mine):  # (in name order: reports, and bands set, whatever the hash)
             jobs = sim.host_jobs(host)
             came_or_went = jobs != {job.job for job in self._reported[host]}
             # The agent's link looks for news every report interval, on its own clock: on
@@ -236,7 +236,7 @@ class Coordinated(DriverBase):
                 self._look_wake[host] = look
                 sim.wake(host, look)
         offered = self._replan(now) if reported else set()
-        for host in mine | offered:
+        for host in sorted(mine | offered):
             if host not in offered and self._renew_at.get(host, math.inf) <= now:
                 self._offer(host, now)
             follower = self.followers[host]

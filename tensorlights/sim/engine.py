@@ -416,7 +416,9 @@ class Simulation:
         alone on its links runs as fast whatever the bands) and settle anew."""
         if not self.settle and settled_only:
             return
-        for name in self._component(hosts) if self.settle else self._on(hosts):
+        # In name order: the order they go back to send by send is the order their flows
+        # join the links (a set's order differs per process, with the hash seed).
+        for name in sorted(self._component(hosts) if self.settle else self._on(hosts)):
             state = self.running[name]
             if state.skip is not None and (state.skip.settled or not settled_only):
                 self._unskip(name)

@@ -193,10 +193,11 @@ def scale_markdown(
         "",
         "Over the jobs with network traffic that would end within the day alone (the rest run "
         "too, as load): average and p95 JCT, the share slowed more than 2x (JCT over the run "
-        "alone), the mean slowdown, and what the run cost on this 2-core machine.",
+        "alone), the mean slowdown, and what the run cost on this 2-core machine (CPU "
+        "seconds: the runs go side by side, `--workers`).",
         "",
         "| policy | jobs | avg JCT s | p95 JCT s | slowed > 2x | mean slowdown | unfinished "
-        "| wall s | events |",
+        "| CPU s | events |",
         "|---|---:|---:|---:|---:|---:|---:|---:|---:|",
     ]
     best = min((r.avg_jct_s for r in results), default=0.0)
@@ -205,7 +206,7 @@ def scale_markdown(
         lines.append(
             f"| {SCALE_LABELS.get(r.policy, r.policy)} | {r.counted} | "
             f"{f'**{avg}**' if r.avg_jct_s <= best * 1.001 else avg} | {r.p95_jct_s:.0f} | "
-            f"{r.slowed_share:.1%} | {r.mean_slowdown:.2f} | {r.unfinished} | {r.wall_s:.0f} | "
+            f"{r.slowed_share:.1%} | {r.mean_slowdown:.2f} | {r.unfinished} | {r.cpu_s:.0f} | "
             f"{r.events:,} |"
         )
     if reach:

@@ -300,9 +300,10 @@ def test_agents_report_news_at_once_and_otherwise_only_a_heartbeat(tmp_path: Pat
 def test_report_replies_renew_plans_and_the_stream_resends_only_to_silent_agents(
     tmp_path: Path,
 ) -> None:
-    """One controller, lease 6 s: a reporting agent's plan is renewed by its reports' replies
-    (heartbeats every 2/3 of a lease) and its stream sends nothing more; a client that watches
-    its plan but never reports gets the plan again every 0.8 of a lease."""
+    """One controller, lease 6 s, heartbeat 4 s: a reporting agent's plan is renewed by its
+    reports' replies and its stream sends nothing more; a client that watches its plan but
+    never reports (as an agent whose heartbeats are further apart) gets the plan again every
+    0.8 of a lease."""
     import grpc
 
     from tensorlights.model import PlanRenewal
@@ -315,7 +316,7 @@ def test_report_replies_renew_plans_and_the_stream_resends_only_to_silent_agents
     pki = make_pki(tmp_path / "pki", ["127.0.0.1"], [HOST, silent_host])
     port = free_port()
     controller = ControllerProcess(
-        None, tmp_path, pki, "--lease", "6s",
+        None, tmp_path, pki, "--lease", "6s", "--heartbeat-interval", "4s",
         listen=f"127.0.0.1:{port}", metrics=f"127.0.0.1:{free_port()}",
     )  # fmt: skip
     plans: list[float] = []
