@@ -51,6 +51,7 @@ from tensorlights.controller.planner import ClusterPolicy, Planner  # noqa: E402
 from tensorlights.controller.registry import Registry  # noqa: E402
 from tensorlights.model import HostReport, Mode, Registration, ReportedJob  # noqa: E402
 from tensorlights.rpc.v1 import agent_link_pb2 as pb  # noqa: E402
+from tensorlights.testbed.etcd import EtcdCluster  # noqa: E402
 from tensorlights.testbed.processes import free_port  # noqa: E402
 
 
@@ -166,6 +167,98 @@ def bench_replan(hosts: int, jobs: int, repeat: int) -> None:
             f"max {max(spent) * 1000:7.1f} ms   ({changed[news]} host plans changed)"
         )
     print(f"  of which the registry's views: median {statistics.median(views) * 1000:.1f} ms")
+
+
+def _controller(
+    work: Path, pki: Path, port: int, *args: str
+) -> tuple[subprocess.Popen[bytes], int]:
+    """A controller process (mutual TLS) on `port` with `args`; its metrics port."""
+    work.mkdir(parents=True, exist_ok=True)
+    (work / "none.toml").write_text("")
+    metrics_port = free_port()
+    process = subprocess.Popen(
+        [sys.executable, "-m", "tensorlights.cli.controller", "run", "--config",
+         str(work / "none.toml"), "--listen", f"127.0.0.1:{port}", "--socket",
+         str(work / "ctl.sock"), "--metrics-address", f"127.0.0.1:{metrics_port}",
+         "--state-dir", str(work / "state"), "--tls-ca", str(pki / "ca.pem"),
+         "--tls-cert", str(pki / "controller.pem"), "--tls-key", str(pki / "controller.key"),
+         "--log-level", "warning", *args],
+        cwd=ROOT,
+    )  # fmt: skip
+    return process, metrics_port
+
+
+def bench_ha(seconds: float) -> None:
+    """What high availability costs, idle: one controller alone, then three replicas on a
+    real 3-member etcd (ttl 5 s, the default) -- every process's CPU over `seconds`. Agents
+    cost the leader what they cost a controller alone (followers refuse them)."""
+    work = Path(tempfile.mkdtemp(prefix="tl-bench-ha-"))
+    processes: list[subprocess.Popen[bytes]] = []
+    try:
+        pki = work / "pki"
+        subprocess.run(
+            [sys.executable, str(ROOT / "scripts" / "dev_ca.py"), str(pki), "--controller",
+             "127.0.0.1"], check=True, capture_output=True,
+        )  # fmt: skip
+        alone, metrics = _controller(work / "alone", pki, free_port())
+        processes.append(alone)
+        _wait_metrics(metrics)
+        cpu = _cpu_over([alone.pid], seconds)
+        print(f"ha: {seconds:.0f} s idle, CPU in % of one core")
+        print(f"  one controller (no etcd): {cpu[0]:.2f}%")
+        alone.terminate()
+        alone.wait(15)
+        (work / "etcd").mkdir()
+        with EtcdCluster(work / "etcd", members=3) as etcd:
+            endpoints = ",".join(etcd.endpoints)
+            replicas = []
+            try:
+                for index in range(3):
+                    port = free_port()
+                    replica, metrics = _controller(
+                        work / f"r{index}", pki, port, "--etcd", endpoints,
+                        "--advertise", f"127.0.0.1:{port}",
+                    )  # fmt: skip
+                    processes.append(replica)
+                    replicas.append((replica, metrics))
+                for _, metrics in replicas:
+                    _wait_metrics(metrics)
+                members = [proc.pid for proc in etcd.procs if proc is not None]
+                cpu = _cpu_over([r.pid for r, _ in replicas] + members, seconds)
+                leads = [scrape(f"http://127.0.0.1:{m}/metrics").get(
+                    "tensorlights_controller_leader", 0.0) for _, m in replicas]  # fmt: skip
+            finally:  # the replicas first: without etcd they would warn as they stop
+                for replica, _ in replicas:
+                    replica.terminate()
+                    replica.wait(15)
+        for index, share in enumerate(cpu[:3]):
+            print(f"  replica {index} ({'leader' if leads[index] else 'follower'}): {share:.2f}%")
+        for index, share in enumerate(cpu[3:]):
+            print(f"  etcd member {index}: {share:.2f}%")
+        print(f"  three replicas and etcd together: {sum(cpu):.2f}%")
+    finally:
+        for process in processes:
+            if process.poll() is None:
+                process.terminate()
+                process.wait(15)
+        shutil.rmtree(work, ignore_errors=True)
+
+
+def _wait_metrics(port: int) -> None:
+    deadline = time.monotonic() + 30
+    while time.monotonic() < deadline:
+        with contextlib.suppress(OSError):
+            scrape(f"http://127.0.0.1:{port}/metrics")
+            return
+        time.sleep(0.2)
+    raise RuntimeError("the controller did not come up")
+
+
+def _cpu_over(pids: list[int], seconds: float) -> list[float]:
+    """Each process's CPU over the next `seconds`, in % of one core."""
+    before = [proc_cpu_s(pid) for pid in pids]
+    time.sleep(seconds)
+    return [(proc_cpu_s(pid) - b) / seconds * 100 for pid, b in zip(pids, before, strict=True)]
 
 
 def proc_cpu_s(pid: int) -> float:
@@ -441,6 +534,8 @@ def main() -> int:
     replan.add_argument("--hosts", type=int, default=10_000)
     replan.add_argument("--jobs", type=int, default=5_000)
     replan.add_argument("--repeat", type=int, default=5)
+    ha = sub.add_parser("ha")
+    ha.add_argument("--seconds", type=float, default=60)
     agents = sub.add_parser("agents")
     agents.add_argument("--agents", type=int, default=500)
     agents.add_argument("--seconds", type=float, default=30)
@@ -452,6 +547,8 @@ def main() -> int:
     args = parser.parse_args()
     if args.what == "plan":
         bench_plan(args.hosts, args.jobs, args.repeat)
+    elif args.what == "ha":
+        bench_ha(args.seconds)
     elif args.what == "replan":
         bench_replan(args.hosts, args.jobs, args.repeat)
     else:
