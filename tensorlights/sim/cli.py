@@ -19,7 +19,15 @@ from tensorlights.sim.report import (
     plot_scale,
     scale_markdown,
 )
-from tensorlights.sim.scale import POLICIES, ScaleResult, Task, run_all, workload_of
+from tensorlights.sim.scale import (
+    POLICIES,
+    ScaleResult,
+    Task,
+    journal_line,
+    read_journal,
+    run_all,
+    workload_of,
+)
 from tensorlights.sim.workload import ClusterSpec, PsPlacement
 from tensorlights.units import parse_rate
 
@@ -99,17 +107,23 @@ def calibrate(sources: tuple[Path, ...], fit: Path, out: Path, no_plots: bool) -
               help="Also time each policy over the first simulated hour.")  # fmt: skip
 @click.option(
     "--out", type=click.Path(path_type=Path), default="results/sim-scale", show_default=True,
-    help="Where report.md, results.json and the plots go.",
+    help="Where report.md, results.json, the plots and the runs' journal (runs.jsonl) go.",
 )  # fmt: skip
 @click.option(
     "--workers", type=click.IntRange(1), default=1, show_default=True,
     help="Day runs at once, each in a process of its own (up to one per core: the runs are "
     "CPU-bound). The first-hour speed runs always run one at a time.",
 )  # fmt: skip
+@click.option(
+    "--resume", is_flag=True,
+    help="Take the runs OUT/runs.jsonl already holds for this workload (each run is written "
+    "there as it ends: a day's runs take hours) and run only the others.",
+)  # fmt: skip
 @click.option("--no-plots", is_flag=True, help="Markdown only (no matplotlib).")
 def scale(
     hosts: int, jobs: int, nic: str, ps_share: float, ps_placement: str, seed: int,
-    policies: str, reach: str, speed: bool, workers: int, out: Path, no_plots: bool,
+    policies: str, reach: str, speed: bool, workers: int, out: Path, resume: bool,
+    no_plots: bool,
 ) -> None:  # fmt: skip
     """A cluster's day (jobs and placements drawn from public traces' distributions, see
     tensorlights/sim/workload.py) under every policy: average and p95 JCT and the share of
@@ -134,13 +148,28 @@ def scale(
         [Task("controller-pack", share) for share in shares] if "controller-pack" in chosen else []
     )
     hours = [Task(policy, until_s=3600.0) for policy in chosen] if speed else []
+    out.mkdir(parents=True, exist_ok=True)
+    journal = out / "runs.jsonl"
+    finished = read_journal(journal.read_text(), spec) if resume and journal.exists() else {}
+    if finished:
+        click.echo(f"{len(finished)} run(s) taken from {journal}")
+    elif journal.exists():
+        journal.unlink()
+
+    def done(task: Task, result: ScaleResult) -> None:
+        with journal.open("a") as lines:
+            lines.write(journal_line(spec, task, result) + "\n")
+        if task.until_s is None:
+            click.echo(_line(result))
+        else:
+            click.echo(f"1 h, {result.policy}: {result.wall_s:.1f} s")
+
     # The speed runs alone: timed beside another run, a core shared would count against them.
-    every = run_all(spec, [*days, *sweep], workers, lambda r: click.echo(_line(r)))
+    every = run_all(spec, [*days, *sweep], workers, done, finished)
     results, swept = every[: len(days)], every[len(days) :]
     if sweep:
         swept.append(next(r for r in results if r.policy == "controller-pack"))
-    timed = run_all(spec, hours, 1, lambda r: click.echo(f"1 h, {r.policy}: {r.wall_s:.1f} s"))
-    out.mkdir(parents=True, exist_ok=True)
+    timed = run_all(spec, hours, 1, done, finished)
     command = "python -m tensorlights.sim scale " + " ".join(sys.argv[2:])
     text = scale_markdown(workload, results, swept, timed, command.strip())
     if not no_plots:

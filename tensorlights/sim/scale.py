@@ -10,12 +10,13 @@ timed from the real Planner's calls).
 
 from __future__ import annotations
 
+import json
 import random
 import statistics
 import time
-from collections.abc import Callable, Iterator, Sequence
+from collections.abc import Callable, Iterator, Mapping, Sequence
 from concurrent.futures import ProcessPoolExecutor, as_completed
-from dataclasses import dataclass
+from dataclasses import asdict, dataclass
 from functools import cache
 
 from tensorlights.policy.bands import PolicyName
@@ -155,16 +156,45 @@ class Task:
 
 
 def run_all(
-    spec: ClusterSpec, tasks: Sequence[Task], workers: int, done: Callable[[ScaleResult], None]
+    spec: ClusterSpec,
+    tasks: Sequence[Task],
+    workers: int,
+    done: Callable[[Task, ScaleResult], None],
+    finished: Mapping[Task, ScaleResult] | None = None,
 ) -> list[ScaleResult]:
     """Every task on `spec`'s workload, `workers` at a time in processes of their own (each
     generates the same workload from the spec), `done` called as each ends; the results in
-    the tasks' order."""
-    results: dict[int, ScaleResult] = {}
-    for index, result in _each(spec, tasks, workers):
+    the tasks' order. Tasks in `finished` are not run again (a run resumed)."""
+    finished = finished or {}
+    results = {index: finished[task] for index, task in enumerate(tasks) if task in finished}
+    left = [(index, task) for index, task in enumerate(tasks) if task not in finished]
+    for position, result in _each(spec, [task for _, task in left], workers):
+        index, task = left[position]
         results[index] = result
-        done(result)
+        done(task, result)
     return [results[index] for index in range(len(tasks))]
+
+
+def journal_line(spec: ClusterSpec, task: Task, result: ScaleResult) -> str:
+    """One finished run, as a line of a run's journal (see read_journal)."""
+    return json.dumps({"spec": _plain(spec), "task": asdict(task), "result": asdict(result)})
+
+
+def read_journal(text: str, spec: ClusterSpec) -> dict[Task, ScaleResult]:
+    """The runs a journal holds for `spec`'s workload (lines of other workloads ignored)."""
+    finished = {}
+    for line in text.splitlines():
+        entry = json.loads(line)
+        if entry["spec"] == _plain(spec):
+            result = entry["result"]
+            result["slowdowns"] = tuple(result["slowdowns"])
+            finished[Task(**entry["task"])] = ScaleResult(**result)
+    return finished
+
+
+def _plain(spec: ClusterSpec) -> dict[str, object]:
+    plain: dict[str, object] = json.loads(json.dumps(asdict(spec), default=str))
+    return plain
 
 
 def _each(

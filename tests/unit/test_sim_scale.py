@@ -127,6 +127,12 @@ def test_the_scale_command_writes_its_report(tmp_path: Path) -> None:
     assert "## Every policy" in report and "| 50% |" in report
     assert "Speed: 30 hosts x 1 simulated hour" in report
     assert (tmp_path / "results.json").exists()
+    # Each run is journaled as it ends (3 day runs, 2 speed runs); --resume takes them.
+    assert len((tmp_path / "runs.jsonl").read_text().splitlines()) == 5
+    again = CliRunner().invoke(main, [*args, "--resume"])
+    assert again.exit_code == 0, again.output
+    assert "5 run(s) taken from" in again.output
+    assert (tmp_path / "report.md").read_text() == report
     bad = CliRunner().invoke(main, ["scale", "--policies", "nope"])
     assert bad.exit_code == 2 and "unknown" in bad.output
 
