@@ -25,6 +25,7 @@ from tensorlights.sim.calibrate import (
 from tensorlights.sim.drivers import Coordinated, HostPolicies, NoBands, PrototypeRR, agent_policy
 from tensorlights.sim.engine import Driver, SimJob, Simulation, TcpModel
 from tensorlights.sim.network import Discipline, Flow, Link
+from tests.unit.hashseed import outputs_under_hash_seeds
 
 MB = 1_000_000
 RATE = 300e6
@@ -347,10 +348,6 @@ def test_the_calibrate_command_writes_the_report(tmp_path: Path) -> None:
 def test_a_simulation_is_the_same_whatever_the_hash_seed() -> None:
     """Set order follows string hashes, which differ per process: a tie among the most
     behind jobs once went to a different job in each run (m3 pack: 49.61 s, then 49.68 s)."""
-    import os
-    import subprocess
-    import sys
-
     code = (
         "import json; from tensorlights.bench.scenarios import SCENARIOS; "
         "from tensorlights.sim.calibrate import simulate; "
@@ -358,11 +355,5 @@ def test_a_simulation_is_the_same_whatever_the_hash_seed() -> None:
         "print(simulate(SCENARIOS['m3'], 'pack', {'rate_bps': 3e8, 'starvation_window': "
         "'30s'}, TcpModel(0.5, 0.05)))"
     )
-    outputs = {
-        subprocess.run(
-            [sys.executable, "-c", code], capture_output=True, text=True, check=True,
-            env={**os.environ, "PYTHONHASHSEED": seed},
-        ).stdout
-        for seed in ("1", "2", "3")
-    }  # fmt: skip
+    outputs = outputs_under_hash_seeds(code)
     assert len(outputs) == 1, outputs

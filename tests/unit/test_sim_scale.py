@@ -24,6 +24,7 @@ from tensorlights.sim.workload import (
     generate,
     run_time,
 )
+from tests.unit.hashseed import outputs_under_hash_seeds
 
 MB = 1_000_000
 RATE = 300e6
@@ -140,21 +141,11 @@ def test_the_scale_command_writes_its_report(tmp_path: Path) -> None:
 def test_a_cluster_day_is_the_same_whatever_the_hash_seed() -> None:
     """Jobs going back to send by send after a change were taken in set order, which differs
     per process: the same day under FIFO ended 5,804-5,824 s on average in three runs."""
-    import os
-    import subprocess
-    import sys
-
     code = (
         "from tensorlights.sim.scale import run; "
         "from tensorlights.sim.workload import ClusterSpec, generate; "
         "w = generate(ClusterSpec(hosts=60, jobs=240, day_s=4 * 3600.0, seed=1)); "
         "print(run(w, 'fifo').avg_jct_s)"
     )
-    outputs = {
-        subprocess.run(
-            [sys.executable, "-c", code], capture_output=True, text=True, check=True,
-            env={**os.environ, "PYTHONHASHSEED": seed},
-        ).stdout
-        for seed in ("1", "2", "3")
-    }  # fmt: skip
+    outputs = outputs_under_hash_seeds(code)
     assert len(outputs) == 1, outputs
