@@ -72,7 +72,12 @@ def driver(policy: str, workload: Workload, reach: float = 1.0) -> tuple[Driver,
     agents run on that share of hosts only (drawn with the workload's seed)."""
     hosts = workload.spec.host_names
     rng = random.Random(workload.spec.seed)
-    agents = None if reach >= 1.0 else frozenset(rng.sample(hosts, round(reach * len(hosts))))
+    # The hosts with an agent from a stream of their own: drawn from Random(seed), as the
+    # placement's tie-breaking shuffle is, the sample took the very hosts the shuffle moved
+    # to the end of its order, never the PS hosts placement fills first (none of 15 at any
+    # reach: every reach ran as FIFO).
+    sampler = random.Random(f"{workload.spec.seed}/reach")
+    agents = None if reach >= 1.0 else frozenset(sampler.sample(hosts, round(reach * len(hosts))))
     if policy == "fifo":
         return NoBands(), Discipline.PRIORITY
     if policy in (PolicyName.STATIC, PolicyName.PACK):

@@ -14,7 +14,7 @@ from tensorlights.model import JobKind
 from tensorlights.sim.cli import main
 from tensorlights.sim.drivers import Coordinated, HostPolicies, NoBands, agent_policy
 from tensorlights.sim.engine import Driver, SimJob, Simulation, TcpModel
-from tensorlights.sim.scale import POLICIES, run
+from tensorlights.sim.scale import POLICIES, driver, run
 from tensorlights.sim.workload import (
     GPUS_PER_HOST,
     PHILLY_RUN_TIME_S,
@@ -115,6 +115,18 @@ def test_every_policy_runs_a_small_cluster_on_the_same_placement() -> None:
     assert results["controller-pack"].replans > 0
     half = run(workload, "controller-pack", reach=0.5)
     assert half.reach == 0.5 and half.counted == results["fifo"].counted
+
+
+def test_the_hosts_with_an_agent_are_drawn_apart_from_the_placement() -> None:
+    """Drawn from the workload's own random stream, the reached hosts were exactly those the
+    placement fills last: no PS host had an agent at any reach."""
+    workload = generate(ClusterSpec(hosts=200, jobs=800, seed=5))
+    ps_hosts = {host for job in workload.networked for host in job.hosts}
+    for reach in (0.25, 0.5, 0.75):
+        the_driver, _ = driver("controller-pack", workload, reach)
+        assert isinstance(the_driver, Coordinated) and the_driver.reach is not None
+        reached = len(ps_hosts & the_driver.reach) / len(ps_hosts)
+        assert reach - 0.3 < reached < reach + 0.3, (reach, reached)
 
 
 def test_the_scale_command_writes_its_report(tmp_path: Path) -> None:
