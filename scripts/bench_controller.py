@@ -411,18 +411,10 @@ def bench_agents(
             [sys.executable, str(ROOT / "scripts" / "dev_ca.py"), str(pki), "--controller",
              "127.0.0.1", *agents], check=True, capture_output=True,
         )  # fmt: skip
-        port, metrics_port = free_port(), free_port()
-        (work / "none.toml").write_text("")
-        controller = subprocess.Popen(
-            [sys.executable, "-m", "tensorlights.cli.controller", "run", "--config",
-             str(work / "none.toml"), "--listen", f"127.0.0.1:{port}", "--socket",
-             str(work / "ctl.sock"), "--metrics-address", f"127.0.0.1:{metrics_port}",
-             "--state-dir", str(work / "state"), "--tls-ca", str(pki / "ca.pem"),
-             "--tls-cert", str(pki / "controller.pem"), "--tls-key",
-             str(pki / "controller.key"), "--log-level", "warning", "--policy", "pack",
-             "--heartbeat-interval", heartbeat],
-            cwd=ROOT,
-        )  # fmt: skip
+        port = free_port()
+        controller, metrics_port = _controller(
+            work, pki, port, "--policy", "pack", "--heartbeat-interval", heartbeat
+        )
         try:
             deadline = time.monotonic() + 20
             while not (work / "ctl.sock").exists() and time.monotonic() < deadline:
