@@ -37,7 +37,7 @@ RESEND_SHARE = 0.8
 With the defaults (heartbeat 10 s, lease 15 s) the heartbeats' replies renew every plan and
 the streams stay quiet; with heartbeats further apart (a large cluster's setting) the
 streams renew the plans: a plan sent on an open stream costs the controller about a tenth of
-what a report does (2026-11-26: ~0.1 ms against ~1.5 ms of a core on the 2-core VM)."""
+what a report does (2026-11-26: ~0.1 ms against 0.5-1 ms of a core on the 2-core VM)."""
 
 
 class NotLeader(TensorLightsError):
