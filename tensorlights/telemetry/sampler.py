@@ -89,9 +89,6 @@ class TelemetrySampler:
         self.last_error = ""
         self._round = 0
         self._paths: dict[int | None, str] = {}
-        self._collective: frozenset[str] = frozenset()
-        """Jobs of ranks (a ring's steps): their bytes per iteration do not hold while they
-        wait (JobLoad.bytes_hold_waiting)."""
         self._known_jobs: set[str] = set()
         self._due: dict[str, float] = {}
         """When each job is to be sampled next."""
@@ -125,7 +122,11 @@ class TelemetrySampler:
         self._targets = (by_job, present)
         self._paths = namespaces
         kinds = snapshot.job_kinds()
-        self._collective = frozenset(j for j, kind in kinds.items() if kind is JobKind.COLLECTIVE)
+        # Jobs of ranks: their ring's steps are joined into iterations, and their bytes per
+        # iteration do not hold while they wait (JobLoad.bytes_hold_waiting).
+        collective = frozenset(j for j, kind in kinds.items() if kind is JobKind.COLLECTIVE)
+        with self._lock:
+            self.tracker.collective = collective
 
     def recent(self) -> dict[str, list[Iteration]]:
         with self._lock:
@@ -149,7 +150,7 @@ class TelemetrySampler:
                     loads[job] = replace(
                         cached[2],
                         busy=job in busy,
-                        bytes_hold_waiting=job not in self._collective,
+                        bytes_hold_waiting=job not in self.tracker.collective,
                     )
             return loads
 

@@ -39,6 +39,20 @@ was grouped before the job's first answer is dropped (a job with no answer ONE_W
 after its first push is grouped by quiet rounds, its iterations so far reported then). The
 sampler keeps each job's sampling interval under the gaps before its answers (sampler.py).
 
+A collective job's ranks (a ring all-reduce) send each iteration in steps on the same
+connection (reduce-scatter, then all-gather), their peers' steps arriving in between: a sample
+between two steps would see one push end, an answer, and the next push. Where the next push
+on a connection starts within half the job's usual idle time of the last one's end, it is
+the same all-reduce's next step, joined; the iteration closes only that long after its last
+completion. The usual idle time is the shortest idle_before_s of its last IDLES_KEPT
+iterations but those under a third of their median: a step measured apart (after a gap of
+milliseconds) is one of those while fewer than half of them are (once joined, none is), so
+what is left is the compute between all-reduces, whose shortest is the one that matters
+(DDP ranks on 2 busy cores: 0.09-0.28 s between all-reduces for 100 ms of padded compute;
+the steps' gaps 20-40 ms); no pause or long wait at the start counts. A start window's
+middle stands for when a push began, as in idle_before_s. Should iterations be joined all
+the same, one open for MAX_OPEN_ITERATION_S closes and the idle times are learnt again.
+
 The iteration's start window is that of its first push. Spread = last completion - first;
 period = time between the last completions of consecutive iterations; push time = last
 completion - the earliest estimated push start (completion - bytes / delivery rate: an
@@ -48,6 +62,7 @@ estimate).
 from __future__ import annotations
 
 import math
+import statistics
 from collections import deque
 from collections.abc import Iterable, Mapping
 from dataclasses import dataclass, field
@@ -72,6 +87,11 @@ TAIL_BYTES = 256
 """A control message's size at most, what a push may leave unacknowledged after it (gloo's
 is tens of bytes; a push's own last segment, in flight behind a queue, is most often more)."""
 GAPS_KEPT = 8
+IDLES_KEPT = 9
+"""Recent iterations' idle times before remembered per job (see `_step_window`)."""
+IDLES_TO_JOIN = 3
+"""A collective job's steps are joined once it has this many idle times measured (of two,
+the start's long wait would make the median)."""
 
 
 @dataclass(frozen=True)
@@ -163,6 +183,8 @@ class _Job:
     """Its first push's completion (a job with no answer ONE_WAY_AFTER_S later has none)."""
     gaps: deque[float] = field(default_factory=lambda: deque(maxlen=GAPS_KEPT))
     """Recent times from a push's completion to its answer: the workers' compute."""
+    idles: deque[float] = field(default_factory=lambda: deque(maxlen=IDLES_KEPT))
+    """Recent idle_before_s of its iterations (see `_step_window`)."""
 
 
 class StragglerTracker:
@@ -174,6 +196,8 @@ class StragglerTracker:
         """Bytes acknowledged per job since tracking began (for byte counters)."""
         self.sent_packets: dict[str, int] = {}
         """Data segments sent per job since tracking began."""
+        self.collective: frozenset[str] = frozenset()
+        """Jobs of ranks (all-reduce rings): their steps are joined (see the module doc)."""
 
     def busy_jobs(self) -> set[str]:
         """Jobs with a connection last seen pushing (or not primed yet)."""
@@ -233,7 +257,8 @@ class StragglerTracker:
                     # rounds are dropped, and the iteration that closes next anchors the period.
                     answering.answering, answering.last_done = True, None
                     answering.held.clear()
-                answering.gaps.append(gap)
+                if gap >= self._step_window(job, answering):  # not a peer's ring step
+                    answering.gaps.append(gap)
         for key in self._connections.keys() - set().union(*present.values()):
             del self._connections[key]
         closed: list[Iteration] = []
@@ -248,6 +273,13 @@ class StragglerTracker:
             state = self._jobs.setdefault(job, _Job())
             self._update_membership(state, present.get(job, set()))
             for completion in sorted(finished, key=lambda c: c.at):
+                earlier = state.open.get(completion.connection)
+                step_window = self._step_window(job, state)
+                began = (completion.start_after + completion.start_by) / 2  # as idle_before_s
+                if earlier is not None and began - earlier.at < step_window:
+                    # The same all-reduce's next step.
+                    state.open[completion.connection] = _joined(earlier, completion)
+                    continue
                 if state.first_done is None:
                     state.first_done = completion.at
                 elif state.answering is None and completion.at - state.first_done > ONE_WAY_AFTER_S:
@@ -294,11 +326,16 @@ class StragglerTracker:
             if not state.open:
                 continue
             self._update_membership(state, keys)
-            if (
+            if now - state.window[1] > MAX_OPEN_ITERATION_S:  # since its first push began
+                # Stalled, or a collective job's steps joined past its iterations (pauses
+                # made half of its idle times long): its idle times are learnt again.
+                closed.extend(self._close(job, state))
+                state.idles.clear()
+            elif not self._step_may_follow(job, state, now) and (
                 self._answered_in_full(state)
                 if state.by_answers
                 else state.known <= state.open.keys()
-            ) or now - min(c.at for c in state.open.values()) > MAX_OPEN_ITERATION_S:
+            ):
                 closed.extend(self._close(job, state))
         return closed
 
@@ -318,6 +355,32 @@ class StragglerTracker:
         if completion.start_by < state.window[1]:  # the first push so far
             state.window = (completion.start_after, completion.start_by)
         return closed
+
+    def _step_window(self, job: str, state: _Job) -> float:
+        """How soon after a push's end the next push on its connection is the same
+        all-reduce's next step: half the shortest of the job's recent idle times that are
+        not a step's, under a third of their median (0: not a collective job, or not
+        measured yet)."""
+        if job not in self.collective or len(state.idles) < IDLES_TO_JOIN:
+            return 0.0
+        cut = statistics.median(state.idles) / 3
+        return min(idle for idle in state.idles if idle >= cut) / 2
+
+    def _step_may_follow(self, job: str, state: _Job, now: float) -> bool:
+        """A collective job's open iteration may still get its all-reduce's next step: a
+        connection's push ended less than the step window ago, or the next began within it
+        (the middle of its start window, as the join reads it) and is in flight."""
+        window = self._step_window(job, state)
+        if not window:
+            return False
+        for key, done in state.open.items():
+            conn = self._connections.get(key)
+            began = (
+                now if conn is None or conn.busy_at is None else (conn.idle_at + conn.busy_at) / 2
+            )
+            if began - done.at < window:
+                return True
+        return False
 
     def _unanswered_since(self, state: _Job) -> float | None:
         """The first push of the longest-pushing connection of the job that has never
@@ -459,6 +522,7 @@ class StragglerTracker:
         idle = None
         if math.isfinite(started_after) and math.isfinite(started_by):
             idle = max(0.0, (started_after + started_by) / 2 - state.last_done)
+            state.idles.append(idle)
         iteration = Iteration(
             job=job,
             first_done=first,

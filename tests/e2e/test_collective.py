@@ -75,10 +75,11 @@ def test_a_ddp_job_is_found_shaped_and_measured_with_no_configuration(
     # Telemetry from the rank's own connections: each all-reduce's end and the iteration
     # period as the ranks log them from gloo's completion (12 runs of each: every end within
     # 5 ms; stamped after backward instead, the ranks' CPU made up to 4 of 19 periods miss).
-    # What still misses: an all-reduce measured as two iterations (its two ring steps, when
-    # a sample falls between them and sees the peer's step arrive as an answer): 0-1 a run
-    # in 23 of 24 runs on a quiet machine, 3 in one; 2-3 with two CPU hogs at nice 19 beside
-    # it (docs/design.md).
+    # A sample between the ring's two steps sees the peer's step arrive as an answer; the
+    # steps are joined once the job's compute is known (3 iterations): 6 quiet runs of each
+    # had 0-1 all-reduce measured in two parts, the first, and 18-19 of 19 periods right;
+    # before the joining, 0-1 a run anywhere, 3 in one of 24, 2-3 under CPU load
+    # (docs/design.md).
     # Not the spread: this host sees its own rank's sends only, so what it measures is not
     # how far apart the ranks finished.
     agreement = compare(received, measured[job.job])

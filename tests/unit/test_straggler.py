@@ -3,6 +3,7 @@ behave like a PS pushing to workers that compute in between."""
 
 from __future__ import annotations
 
+import random
 from dataclasses import dataclass, field
 
 import pytest
@@ -10,7 +11,7 @@ from hypothesis import given, settings
 from hypothesis import strategies as st
 
 from tensorlights.model import TcpInfo
-from tensorlights.telemetry.straggler import StragglerTracker
+from tensorlights.telemetry.straggler import MAX_OPEN_ITERATION_S, StragglerTracker
 
 MODEL = 1_000_000
 GRADIENT = 4096
@@ -354,3 +355,96 @@ def test_a_job_is_sending_from_its_first_push_not_from_its_first_connection() ->
             sending_from = now
         now = round(now + 0.05, 6)
     assert sending_from == 1.0
+
+
+def ring_rank(
+    iterations: int,
+    compute: float,
+    step: float,
+    between: float,
+    ranks: int = 2,
+    jitter: random.Random | None = None,
+) -> tuple[FakeConnection, list[float]]:
+    """Rank 0 of a ring all-reduce, as its connection to the next rank shows it: each
+    iteration 2 x (ranks - 1) steps (reduce-scatter, then all-gather) `between` apart;
+    `compute` after the last (0.8-1.2 times that, drawn from `jitter`), the next
+    all-reduce. Of two ranks, the next is the previous too: its steps arrive on this
+    connection, 5 ms after each of ours. Returns the connection and when each all-reduce
+    ended."""
+    conn = FakeConnection([])
+    ends = []
+    t = 1.0
+    for _ in range(iterations):
+        for _ in range(2 * (ranks - 1)):
+            conn.pushes.append((t, t + step))
+            if ranks == 2:
+                conn.answers.append(t + step + 0.005)
+            t += step + between
+        ends.append(t - between)
+        t += compute * (jitter.uniform(0.8, 1.2) if jitter else 1) - between
+    return conn, ends
+
+
+def track_ring(conn: FakeConnection, until: float, every: float, collective: bool) -> list:
+    tracker = StragglerTracker(min_push_bytes=1000)
+    tracker.collective = frozenset({"ddp"} if collective else ())
+    closed, now = [], 0.0
+    while now < until:
+        closed += tracker.observe(now, [("ddp", "0", conn.info(now))])
+        now = round(now + every, 6)
+    return closed + tracker.observe(now, [])
+
+
+@settings(max_examples=30, deadline=None)
+@given(
+    st.sampled_from([2, 4]),
+    st.floats(0.1, 0.5),
+    st.floats(0.01, 0.05),
+    st.floats(0, 1),
+    st.integers(0, 2**32),
+)
+def test_a_rings_steps_seen_apart_are_one_iteration_of_a_collective_job(
+    ranks: int, compute: float, step: float, phase: float, seed: int
+) -> None:
+    """Samples fall between a ring's steps. Of two ranks, every third of the compute (as the
+    sampler goes where the peers' steps arrive as answers), the next step starting once the
+    peer's has arrived (8 ms after its own); of four, every 50 ms, the steps 2 ms
+    apart (as quiet rounds group a job that does not answer). The compute varies by up to
+    20%. A collective job's steps are joined once its idle time is known: each iteration is
+    one all-reduce. (In lockstep with the sampling, more than half of the all-reduces could
+    be seen apart, and then they are not joined: the module doc.)"""
+    if ranks == 2:
+        between, every = 0.008, compute / 3
+    else:  # sampled under half the compute, as quiet rounds need
+        between, every, compute = 0.002, 0.05, max(compute, 0.2)
+    conn, ends = ring_rank(20, compute, step, between, ranks, random.Random(seed))
+    conn.pushes = [(a + phase * every, b + phase * every) for a, b in conn.pushes]
+    conn.answers = [at + phase * every for at in conn.answers]
+    ends = [end + phase * every for end in ends]
+    joined = track_ring(conn, ends[-1] + 2, every, collective=True)
+    # Until IDLES_TO_JOIN idle times are known (and while more than half of them are of a
+    # step measured apart), steps may be iterations of their own.
+    settled = [it for it in joined if it.last_done > ends[11] + 0.001]
+    assert len(settled) == 20 - 12
+    for iteration, end, before in zip(settled, ends[12:], ends[11:-1], strict=True):
+        assert iteration.last_done == pytest.approx(end, abs=0.0015)
+        assert iteration.period == pytest.approx(end - before, abs=0.003)
+        assert iteration.pushed_bytes == 2 * (ranks - 1) * MODEL
+
+
+def test_a_collective_jobs_iterations_joined_past_pauses_are_learnt_again() -> None:
+    """Five 5 s pauses (checkpoints) in nine iterations make a two-rank ring's idle time
+    read 5 s: its iterations join for up to MAX_OPEN_ITERATION_S, then it is learnt again
+    and each iteration is one all-reduce."""
+    conn, ends = ring_rank(450, 0.1, 0.01, 0.008)
+    for pause_after in (20, 22, 24, 26, 28):
+        shift = ends[pause_after] + 0.05
+        conn.pushes = [(a + 5 * (a > shift), b + 5 * (a > shift)) for a, b in conn.pushes]
+        conn.answers = [at + 5 * (at > shift) for at in conn.answers]
+        ends = [end + 5 * (end > shift) for end in ends]
+    joined = track_ring(conn, ends[-1] + 2, 0.033, collective=True)
+    runaway = [it for it in joined if it.pushed_bytes > 2 * MODEL]
+    assert len(runaway) == 1
+    assert runaway[0].period == pytest.approx(MAX_OPEN_ITERATION_S, abs=0.2)
+    tail = [it for it in joined if it.last_done > ends[-20] + 0.001]
+    assert [round(it.last_done, 3) for it in tail] == [round(end, 3) for end in ends[-19:]]
