@@ -274,9 +274,9 @@ class StragglerTracker:
             self._update_membership(state, present.get(job, set()))
             for completion in sorted(finished, key=lambda c: c.at):
                 earlier = state.open.get(completion.connection)
-                step_window = self._step_window(job, state)
-                began = (completion.start_after + completion.start_by) / 2  # as idle_before_s
-                if earlier is not None and began - earlier.at < step_window:
+                if earlier is not None and _began(
+                    completion.start_after, completion.start_by
+                ) - earlier.at < self._step_window(job, state):
                     # The same all-reduce's next step.
                     state.open[completion.connection] = _joined(earlier, completion)
                     continue
@@ -375,9 +375,9 @@ class StragglerTracker:
             return False
         for key, done in state.open.items():
             conn = self._connections.get(key)
-            began = (
-                now if conn is None or conn.busy_at is None else (conn.idle_at + conn.busy_at) / 2
-            )
+            began = now  # the next step, if any, is still to begin
+            if conn is not None and conn.busy_at is not None:
+                began = _began(conn.idle_at, conn.busy_at)
             if began - done.at < window:
                 return True
         return False
@@ -521,7 +521,7 @@ class StragglerTracker:
         last = max(c.at for c in done)
         idle = None
         if math.isfinite(started_after) and math.isfinite(started_by):
-            idle = max(0.0, (started_after + started_by) / 2 - state.last_done)
+            idle = max(0.0, _began(started_after, started_by) - state.last_done)
             state.idles.append(idle)
         iteration = Iteration(
             job=job,
@@ -538,6 +538,12 @@ class StragglerTracker:
             state.held.append(iteration)
             return []
         return [iteration]
+
+
+def _began(after: float, by: float) -> float:
+    """When a push began, read from its start window (after the last sample that saw its
+    connection idle, by the first that saw it busy): the window's middle."""
+    return (after + by) / 2
 
 
 def _joined(first: Completion, rest: Completion) -> Completion:

@@ -83,8 +83,11 @@ def serial_pushes(
     return [FakeConnection(p) for p in pushes]
 
 
-def run(connections: list[FakeConnection], until: float, every: float = 0.1) -> list:
+def run(
+    connections: list[FakeConnection], until: float, every: float = 0.1, collective: bool = False
+) -> list:
     tracker = StragglerTracker(min_push_bytes=1000)
+    tracker.collective = frozenset({"job"} if collective else ())
     closed = []
     now = 0.0
     while now < until:
@@ -385,16 +388,6 @@ def ring_rank(
     return conn, ends
 
 
-def track_ring(conn: FakeConnection, until: float, every: float, collective: bool) -> list:
-    tracker = StragglerTracker(min_push_bytes=1000)
-    tracker.collective = frozenset({"ddp"} if collective else ())
-    closed, now = [], 0.0
-    while now < until:
-        closed += tracker.observe(now, [("ddp", "0", conn.info(now))])
-        now = round(now + every, 6)
-    return closed + tracker.observe(now, [])
-
-
 @settings(max_examples=30, deadline=None)
 @given(
     st.sampled_from([2, 4]),
@@ -421,7 +414,7 @@ def test_a_rings_steps_seen_apart_are_one_iteration_of_a_collective_job(
     conn.pushes = [(a + phase * every, b + phase * every) for a, b in conn.pushes]
     conn.answers = [at + phase * every for at in conn.answers]
     ends = [end + phase * every for end in ends]
-    joined = track_ring(conn, ends[-1] + 2, every, collective=True)
+    joined = run([conn], ends[-1] + 2, every, collective=True)
     # Until IDLES_TO_JOIN idle times are known (and while more than half of them are of a
     # step measured apart), steps may be iterations of their own.
     settled = [it for it in joined if it.last_done > ends[11] + 0.001]
@@ -442,7 +435,7 @@ def test_a_collective_jobs_iterations_joined_past_pauses_are_learnt_again() -> N
         conn.pushes = [(a + 5 * (a > shift), b + 5 * (a > shift)) for a, b in conn.pushes]
         conn.answers = [at + 5 * (at > shift) for at in conn.answers]
         ends = [end + 5 * (end > shift) for end in ends]
-    joined = track_ring(conn, ends[-1] + 2, 0.033, collective=True)
+    joined = run([conn], ends[-1] + 2, 0.033, collective=True)
     runaway = [it for it in joined if it.pushed_bytes > 2 * MODEL]
     assert len(runaway) == 1
     assert runaway[0].period == pytest.approx(MAX_OPEN_ITERATION_S, abs=0.2)
