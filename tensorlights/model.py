@@ -238,6 +238,12 @@ class DiscoverySnapshot:
                 kinds[task.job] = task.kind
         return kinds
 
+    def collective_jobs(self) -> frozenset[str]:
+        """Jobs of ranks (all-reduce), whose traffic spans hosts."""
+        return frozenset(
+            job for job, kind in self.job_kinds().items() if kind is JobKind.COLLECTIVE
+        )
+
     @functools.cached_property
     def unshapeable(self) -> dict[str, str]:
         """Jobs whose traffic here bypasses the kernel (RDMA), and why: a qdisc cannot give

@@ -197,7 +197,11 @@ class Reconciler:
         scanned = self._clock()
         loads = self._loads()
         plan = self._policy.evaluate(
-            now, shaped_jobs(snapshot, self.config.pod_shaping), loads, self._started()
+            now,
+            shaped_jobs(snapshot, self.config.pod_shaping),
+            loads,
+            self._started(),
+            snapshot.collective_jobs(),
         )
         spec = desired_spec(self.config, snapshot, plan)
         ops, full = 0, False
@@ -238,7 +242,9 @@ class Reconciler:
         """What the next pass would program, touching nothing."""
         snapshot = self._scanner.scan()
         shaped = shaped_jobs(snapshot, self.config.pod_shaping)
-        plan = self._policy.evaluate(self._clock(), shaped, self._loads(), self._started())
+        plan = self._policy.evaluate(
+            self._clock(), shaped, self._loads(), self._started(), snapshot.collective_jobs()
+        )
         spec = desired_spec(self.config, snapshot, plan)
         return plan, spec, (self._dataplane.plan(spec) if spec is not None else None)
 

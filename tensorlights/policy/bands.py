@@ -18,8 +18,9 @@ spills into the unmanaged band. (The prototype's integer division overflowed int
 default class with many models.)
 
 Jobs arriving or finishing are handled at every evaluation: a new job joins the order at its
-end; a finished job leaves it; the green light stays where it is until its slot ends, unless
-its job finished, in which case the next job in the order takes it at once.
+end (under `pack`, jobs spanning hosts that appear within ARRIVAL_TIE_S of each other are
+ordered by name); a finished job leaves it; the green light stays where it is until its slot
+ends, unless its job finished, in which case the next job in the order takes it at once.
 """
 
 from __future__ import annotations
@@ -41,6 +42,15 @@ from tensorlights.policy.packing import (
 
 MAX_DEFER_S = 2.0
 """`pack` waits at most this long for the green job's push to end before reordering."""
+
+ARRIVAL_TIE_S = 2.0
+"""Jobs spanning hosts that appear within this long of each other are ordered by name (under
+`pack`), not by which one was seen first. Jobs launched together show up on different hosts
+a discovery pass apart, in either order; hosts deciding alone then disagreed on which job is
+green, and a collective job's ring was green on some hosts and waiting on others (c1 on the
+H100 host: the whole gain of the order, or none, on a coin toss). Short enough that jobs
+launched seconds apart keep their arrival order. Not applied to jobs on one host: there the
+arrival order costs no agreement, and the launch order a user chose is kept."""
 
 
 class PolicyName(StrEnum):
@@ -111,6 +121,8 @@ class BandPolicy:
     max_slowdown: float = 2.0
     starvation_window_s: float = 120.0
     _order: list[str] = field(default_factory=list, init=False)
+    _arrived: dict[str, float] = field(default_factory=dict, init=False)
+    """When each job in the order first appeared (monotonic seconds)."""
     _green: str | None = field(default=None, init=False)
     _green_since: float | None = field(default=None, init=False)
     _packed: list[str] = field(default_factory=list, init=False)
@@ -137,16 +149,19 @@ class BandPolicy:
         jobs: set[str] | frozenset[str],
         loads: Mapping[str, JobLoad] | None = None,
         started: frozenset[str] | None = None,
+        spanning: frozenset[str] = frozenset(),
     ) -> BandPlan:
         """`loads`: what telemetry measured per job; `started`: the jobs telemetry has seen
-        push (None: not known, all count as started). Both used by `pack` only."""
+        push (None: not known, all count as started); `spanning`: jobs whose traffic spans
+        hosts (collective ones), ordered by name when they appear together. Used by `pack`
+        only."""
         previous_green = self._green
-        self._track(jobs)
+        self._track(jobs, now)
         if self.name is PolicyName.FIFO or not self._order:
             self._green = self._green_since = None
             return BandPlan({}, tuple(self._order), None, None, None, previous_green is not None)
         if self.name is PolicyName.PACK:
-            return self._pack(now, loads or {}, started, previous_green)
+            return self._pack(now, loads or {}, started, spanning, previous_green)
         if self.name is PolicyName.STATIC:
             self._set_green(self._order[0], now)
             next_change = None
@@ -172,6 +187,7 @@ class BandPolicy:
         now: float,
         loads: Mapping[str, JobLoad],
         started: frozenset[str] | None,
+        spanning: frozenset[str],
         previous_green: str | None,
     ) -> BandPlan:
         present = set(self._order)
@@ -180,12 +196,16 @@ class BandPolicy:
         # Arrivals and departures take effect at once (an arrival joins at the end; when the
         # green job left, the next one is green) ...
         current = [job for job in self._packed if job in present]
-        current += [job for job in self._order if job not in current]
+        for job in self._order:
+            if job not in current:
+                self._join(current, job, spanning)
         demands = ordering_demands(loads, self.on_top.counts, current[0])
-        # Kept in place: jobs still being measured (young), and measured ones whose demand
-        # does not order them yet (ordering_demands); a job with no load past the grace (not
-        # iterative) goes behind.
-        holding = (self._guard.young(now, MEASURE_GRACE_S) | frozenset(loads)) - frozenset(demands)
+        # Kept in place: jobs still being measured or not pushing yet (young), and measured
+        # ones whose demand does not order them yet (ordering_demands); a job with no load
+        # past the grace (not iterative) goes behind.
+        holding = (self._guard.young(now, MEASURE_GRACE_S, present) | frozenset(loads)) - frozenset(
+            demands
+        )
         desired = pack_order(current, demands, self._guard.promoted, holding=holding)
         # ... a reorder waits for the green job's push to end (its iteration boundary).
         if desired != current:
@@ -233,7 +253,7 @@ class BandPolicy:
             lag_s=dict(self._guard.lags),
         )
 
-    def _track(self, jobs: set[str] | frozenset[str]) -> None:
+    def _track(self, jobs: set[str] | frozenset[str], now: float) -> None:
         """Keep the arrival order; when the green job left, its successor inherits the light."""
         if self._green is not None and self._green not in jobs:
             position = self._order.index(self._green)
@@ -242,7 +262,25 @@ class BandPolicy:
             self._green = successor
             self._green_since = None  # a fresh slot for the successor
         self._order = [job for job in self._order if job in jobs]
+        self._arrived = {job: self._arrived[job] for job in self._order}
         self._order += sorted(jobs - set(self._order))
+        for job in jobs - set(self._arrived):
+            self._arrived[job] = now
+
+    def _join(self, order: list[str], job: str, spanning: frozenset[str]) -> None:
+        """Add an arrival to `order` at its end; a job spanning hosts goes ahead of the
+        spanning jobs at the end that appeared less than ARRIVAL_TIE_S before it and sort
+        after it by name (`pack` only: static and rotate are the prototype's, in arrival
+        order; a job on one host keeps its arrival, which costs no agreement)."""
+        arrived = self._arrived[job]
+        position = len(order)
+        while job in spanning and position > 0:
+            before = order[position - 1]
+            tied = before in spanning and arrived - self._arrived[before] < ARRIVAL_TIE_S
+            if not tied or before < job:
+                break
+            position -= 1
+        order.insert(position, job)
 
     def _set_green(self, job: str, now: float) -> None:
         if job != self._green or self._green_since is None:

@@ -36,9 +36,12 @@ when it pushes clearly fewer bytes than the job on top (DEMAND_BUCKET): a smalle
 sure, whatever its compute -- a PS job only: a waiting ring job's bytes per iteration read
 low too (JobLoad.bytes_hold_waiting), and the controller moved the light to such a job
 2-16 s into the job on top in 5 of 6 runs of three equal DDP jobs. A job not measured yet
-keeps its place while it is young (MEASURE_GRACE_S): measuring it takes a few iterations,
-and moving it meanwhile made the light flip twice at a run's start (behind a job measured
-first, then ahead again).
+keeps its place while it is young (MEASURE_GRACE_S from its first push, or not pushing yet):
+measuring it takes a few iterations, and moving it meanwhile made the light flip twice at a
+run's start (behind a job measured first, then ahead again). A job that has not pushed yet
+held no place before: whichever job a host saw push first went ahead, so hosts deciding
+alone each put a different job of c1's two green (DDP's rendezvous and first broadcast
+reach each rank's host at a different time).
 
 Starvation bound (StarvationGuard): a job whose time lost to waiting over the last
 `window_s` approaches what `max_slowdown` allows is promoted to the front (most behind
@@ -163,13 +166,22 @@ class StarvationGuard:
     reached) and releases it when the lag is back under RELEASE_AT of it (its waiting has
     left the window). A job never measured (no completed iteration: starved from its start)
     has lag = present. A job younger than the window is held to the same allowance: its
-    first seconds of waiting are not starvation yet.
+    first seconds of waiting are not starvation yet. A job is present from its first push,
+    or once measured, from when its iterations began (its first measured count back at the
+    standalone period): a framework's start-up between its first bytes (rendezvous, the
+    first broadcast of the model) and its first iteration is no waiting (unless the job was
+    promoted meanwhile: then it was). Counted, it was 8-10 s of a DDP job's lag in c1, and
+    a host that saw the first bytes earlier promoted the waiting job alone, its ring green
+    there and waiting on the other three hosts.
     """
 
     max_slowdown: float
     window_s: float
     _history: dict[str, deque[tuple[float, int]]] = field(default_factory=dict)
     _first_seen: dict[str, float] = field(default_factory=dict)
+    """When each job began to push (or was first measured)."""
+    _iterating_since: dict[str, float] = field(default_factory=dict)
+    """When each measured job's iterations began, as of its first measurement."""
     promoted: dict[str, float] = field(default_factory=dict)
     """Promoted job -> its lag (seconds) when last judged."""
     effective_bound: float = 0.0
@@ -179,7 +191,8 @@ class StarvationGuard:
 
     def lag(self, job: str, now: float, load: JobLoad | None) -> float:
         """Time lost to waiting over the window ending now."""
-        present = now - max(self._first_seen.get(job, now), now - self.window_s)
+        opened = self._iterating_since.get(job, self._first_seen.get(job, now))
+        present = now - max(opened, now - self.window_s)
         if load is None:
             return present
         # Iterations are counted from when the agent began to track the job, i.e. from its
@@ -188,14 +201,15 @@ class StarvationGuard:
         start = now - self.window_s
         history = self._history.get(job)
         start_n = 0
-        if self._first_seen.get(job, now) <= start and history and history[0][0] <= start:
+        if opened <= start and history and history[0][0] <= start:
             start_n = history[0][1]
         done = max(load.iterations - start_n, 0)
         return max(present - done * load.standalone_period_s, 0.0)
 
-    def young(self, now: float, within_s: float) -> frozenset[str]:
-        """Jobs first seen less than `within_s` ago."""
-        return frozenset(job for job, seen in self._first_seen.items() if now - seen < within_s)
+    def young(self, now: float, within_s: float, jobs: set[str]) -> frozenset[str]:
+        """Of `jobs`, those that began to push less than `within_s` ago or not yet (as of
+        the last update)."""
+        return frozenset(job for job in jobs if now - self._first_seen.get(job, now) < within_s)
 
     def threshold(self, bound: float) -> float:
         """The lag allowed in a window at slowdown `bound`, with PROMOTE_AT's margin."""
@@ -221,6 +235,7 @@ class StarvationGuard:
         for job in list(self._first_seen):
             if job not in jobs:
                 del self._first_seen[job]
+                self._iterating_since.pop(job, None)
                 self._history.pop(job, None)
                 self.promoted.pop(job, None)
         self.effective_bound = self.feasible_bound(loads, jobs)
@@ -232,6 +247,13 @@ class StarvationGuard:
                 self._first_seen.setdefault(job, now)
             load = loads.get(job)
             if load is not None:
+                if job not in self._iterating_since:
+                    # Not for a job promoted before it completed anything: that was waiting.
+                    began = now - load.iterations * load.standalone_period_s
+                    first = self._first_seen[job]
+                    self._iterating_since[job] = (
+                        first if job in self.promoted else max(began, first)
+                    )
                 history = self._history.setdefault(job, deque())
                 if not history or history[-1][1] != load.iterations:
                     history.append((now, load.iterations))

@@ -233,6 +233,7 @@ class PlanFollower:
         jobs: set[str] | frozenset[str],
         loads: Mapping[str, JobLoad] | None = None,
         started: frozenset[str] | None = None,
+        spanning: frozenset[str] = frozenset(),
     ) -> BandPlan:
         if self.plan is not None and now < self.plan.lease_until:
             # The local policy is not evaluated meanwhile: the plan's light is counted here,
@@ -244,7 +245,7 @@ class PlanFollower:
             if result.next_change_at is None or lease_end < result.next_change_at:
                 result = replace(result, next_change_at=lease_end)
         else:
-            result = self.local.evaluate(now, jobs, loads, started)
+            result = self.local.evaluate(now, jobs, loads, started, spanning)
             result = replace(result, rotated=result.green != self._green)
         self._green = result.green
         return result

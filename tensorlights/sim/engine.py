@@ -302,6 +302,9 @@ class Simulation:
                 loads[name] = load
         return loads
 
+    def collective(self, host: str) -> frozenset[str]:
+        return frozenset(j for j in self.measured[host] if self.jobs[j].kind is JobKind.COLLECTIVE)
+
     def started(self, host: str) -> frozenset[str]:
         return frozenset(j for j, r in self.measured[host].items() if r.push_started is not None)
 

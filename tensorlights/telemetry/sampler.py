@@ -33,7 +33,7 @@ from itertools import islice
 
 from tensorlights.discovery.sockdiag import SockDiag
 from tensorlights.errors import TensorLightsError
-from tensorlights.model import DiscoverySnapshot, JobKind, TcpInfo
+from tensorlights.model import DiscoverySnapshot, TcpInfo
 from tensorlights.policy.packing import JobLoad, Measured, job_load
 from tensorlights.telemetry.straggler import DEFAULT_MIN_PUSH_BYTES, Iteration, StragglerTracker
 
@@ -121,10 +121,9 @@ class TelemetrySampler:
         present = {job: {target.key for target in conns} for job, conns in by_job.items()}
         self._targets = (by_job, present)
         self._paths = namespaces
-        kinds = snapshot.job_kinds()
         # Jobs of ranks: their ring's steps are joined into iterations, and their bytes per
         # iteration do not hold while they wait (JobLoad.bytes_hold_waiting).
-        collective = frozenset(j for j, kind in kinds.items() if kind is JobKind.COLLECTIVE)
+        collective = snapshot.collective_jobs()
         with self._lock:
             self.tracker.collective = collective
 

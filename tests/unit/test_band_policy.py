@@ -2,13 +2,16 @@
 
 from __future__ import annotations
 
+import random
+
 import pytest
 from hypothesis import given
 from hypothesis import strategies as st
 
 from tensorlights.errors import ConfigError
 from tensorlights.model import NUM_BANDS
-from tensorlights.policy.bands import BandPolicy, PolicyName, fold_bands
+from tensorlights.policy.bands import ARRIVAL_TIE_S, BandPolicy, PolicyName, fold_bands
+from tensorlights.policy.packing import JobLoad
 
 
 @given(st.integers(0, 300), st.integers(1, NUM_BANDS - 1))
@@ -99,6 +102,53 @@ def test_any_membership_sequence_gives_a_consistent_plan(steps: list[frozenset[s
         assert (plan.green is None) == (not jobs)
         if jobs:
             assert plan.order[0] == plan.green and plan.bands[plan.green] == 0  # type: ignore[index]
+
+
+def test_pack_orders_spanning_jobs_appearing_together_by_name_apart_by_arrival() -> None:
+    spanning = frozenset({"job0", "job1", "job2"})
+    policy = BandPolicy(PolicyName.PACK)
+    policy.evaluate(0.0, {"job2"}, {}, None, spanning)
+    assert policy.evaluate(0.6, {"job1", "job2"}, {}, None, spanning).order == ("job1", "job2")
+    plan = policy.evaluate(0.6 + ARRIVAL_TIE_S, {"job0", "job1", "job2"}, {}, None, spanning)
+    assert plan.order == ("job1", "job2", "job0") and plan.green == "job1"
+    one_host = BandPolicy(PolicyName.PACK)  # no agreement needed: arrival order
+    one_host.evaluate(0.0, {"job2"}, {})
+    assert one_host.evaluate(0.6, {"job1", "job2"}, {}).order == ("job2", "job1")
+    static = BandPolicy(PolicyName.STATIC)  # the prototype's: arrival order
+    static.evaluate(0.0, {"job2"})
+    assert static.evaluate(0.6, {"job1", "job2"}).order == ("job2", "job1")
+
+
+@given(
+    st.lists(st.sets(st.sampled_from("abcdefgh"), min_size=1), min_size=1, max_size=4),
+    st.randoms(use_true_random=False),
+)
+def test_hosts_deciding_alone_under_pack_agree_on_jobs_launched_together(
+    launches: list[set[str]], rng: random.Random
+) -> None:
+    """Jobs launched in groups 3 tie windows apart, each host seeing each job up to half a
+    window late (so in its own order): every host ends with the same order."""
+    seen: set[str] = set()
+    groups = []
+    for group in launches:
+        groups.append(sorted(group - seen))
+        seen |= group
+    orders = set()
+    for _host in range(3):
+        appear = sorted(
+            (3 * ARRIVAL_TIE_S * index + rng.uniform(0, ARRIVAL_TIE_S / 2), job)
+            for index, group in enumerate(groups)
+            for job in group
+        )
+        policy = BandPolicy(PolicyName.PACK)
+        jobs: set[str] = set()
+        for when, job in appear:
+            jobs.add(job)
+            # Iterating alike (pack keeps jobs of equal demand in the order in force).
+            loads = {seen: JobLoad(0.1, 0.3, 1, False) for seen in jobs}
+            plan = policy.evaluate(when, jobs, loads, None, frozenset(jobs))
+        orders.add(plan.order)
+    assert orders == {tuple(job for group in groups for job in group)}
 
 
 @pytest.mark.parametrize("kwargs", [{"interval_s": 0.0}, {"interval_s": -1.0}, {"ps_bands": 0}])

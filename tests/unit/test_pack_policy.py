@@ -164,6 +164,29 @@ def test_guard_promotes_a_job_never_measured() -> None:
     assert "x" in guard.promoted  # 5 s waiting > 4 s allowed, and still no iteration
 
 
+def test_guard_does_not_count_start_up_after_the_first_bytes_as_waiting() -> None:
+    guard = StarvationGuard(max_slowdown=2.0, window_s=30.0)
+    jobs = {"a", "b"}
+    # Both send their first bytes (rendezvous, the model's broadcast) at 0 and iterate from
+    # 9 s on (P = 0.5 s); b at a third of its speed below a. Allowed lag: 12 s.
+    promoted_at = []
+    for t in range(0, 30):
+        done = max(t - 9, 0)
+        loads = {"a": load(0.25, 0.25, 2 * done), "b": load(0.25, 0.25, 2 * done // 3)}
+        guard.update(float(t), {j: v for j, v in loads.items() if done}, jobs, frozenset(jobs))
+        promoted_at += [t] if "b" in guard.promoted else []
+    # Counted from its first bytes b had lost 12 s at 15 s in (15 - 2 x 0.5 = 14 s), and
+    # 29 - 6.5 = 22.5 s at the end; counted from when it was first measured iterating (10 s),
+    # 19 - 6.5 = 12.5 s at the end: it is promoted only then.
+    assert promoted_at == [29] and guard.lags["b"] == pytest.approx(12.5)
+    starved = StarvationGuard(max_slowdown=2.0, window_s=10.0)
+    for t in range(0, 6):
+        starved.update(float(t), {}, {"x"}, frozenset({"x"}))
+    assert "x" in starved.promoted  # waited 5 s with nothing done: 4 s allowed
+    starved.update(6.0, {"x": load(0.25, 0.25, 2)}, {"x"}, frozenset({"x"}))
+    assert "x" in starved.promoted  # its first iteration does not wipe out its wait
+
+
 def test_guard_aims_for_a_feasible_bound_and_promotes_only_what_fits() -> None:
     guard = StarvationGuard(max_slowdown=2.0, window_s=20.0)
     # Five jobs of demand 0.5: together they need 2.5 links, so 2x cannot hold for all.
