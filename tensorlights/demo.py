@@ -38,11 +38,12 @@ from tensorlights.testbed.psjob import RunningJob, start_job, tf_job_id, tf_laun
 from tensorlights.testbed.socket_holder import clean_env
 
 JOBS = ("a", "b", "c", "d")
-"""Four jobs at 150 ms of compute: the link is busy enough that FIFO's interleaving costs
-every job (10 runs on 2026-11-26: 12-18% lower average JCT with TensorLights in 9, 2% in
-one where FIFO happened to run the jobs two by two; three jobs at 250 ms gave 1-10%, the
-link idling through the longer compute)."""
-WORKERS = 2
+"""Four jobs at 20 ms of compute, nearly link-bound: 10 runs on 2026-11-26 gave 10.8-17.9%
+lower average JCT with TensorLights in 10 (TensorLights 10.2-10.4 s, FIFO 11.5-12.6 s). What
+limits it is FIFO's luck, not ours: now and then FIFO runs the jobs two by two, close to an
+order. The closer to link-bound, the less such a pairing gains against one job at a time:
+at 150 ms, 9 runs in 10 gave 12-18% and one 2%; at 50 ms, 10-27% in 10 (the lowest only
+about 10%), and with 3 workers a job 5.4-22% in 7."""
 PS_HOST = "ps-host"
 CONTROLLER_PORT = 9740
 
@@ -60,13 +61,13 @@ def _run_jobs(
         for tag in JOBS:
             jobs[tag] = start_job(
                 pair.a.exec_args(), [pair.b.exec_args()], pair.a.ipv4,
-                clean_env(tf_launcher_env(tag, WORKERS)), WORKERS, args.model_bytes,
+                clean_env(tf_launcher_env(tag, args.workers)), args.workers, args.model_bytes,
                 args.iterations, args.compute,
             )  # fmt: skip
         last_green = None
         while any(job.ps.poll() is None for job in jobs.values()):
             if client is not None:
-                last_green = _show_green(client, console, started, last_green)
+                last_green = _show_green(client, console, started, last_green, args.workers)
             time.sleep(0.2)
         results = {}
         for tag, job in jobs.items():
@@ -81,7 +82,7 @@ def _run_jobs(
 
 
 def _show_green(
-    client: OperatorClient, console: Console, started: float, last: str | None
+    client: OperatorClient, console: Console, started: float, last: str | None, workers: int
 ) -> str | None:
     """Print the PS host's green job when it changes, as the controller reports it."""
     try:
@@ -90,7 +91,7 @@ def _show_green(
         return last
     green = hosts[0]["green"] if hosts else None
     if green and green != last:
-        tags = _tag_of_jobs()
+        tags = _tag_of_jobs(workers)
         nxt = hosts[0]["next"]
         console.print(
             f"  {time.monotonic() - started:5.1f} s  green light -> job {tags.get(green, green)}"
@@ -99,12 +100,12 @@ def _show_green(
     return green if green else last
 
 
-def _tag_of_jobs() -> dict[str, str]:
+def _tag_of_jobs(workers: int) -> dict[str, str]:
     """The agent names jobs by their TF_CONFIG (tf/<hash>); map them back to a, b, c."""
-    return {tf_job_id(tag, WORKERS): tag for tag in JOBS}
+    return {tf_job_id(tag, workers): tag for tag in JOBS}
 
 
-def _agent_spreads(sock: Path) -> dict[str, float]:
+def _agent_spreads(sock: Path, workers: int) -> dict[str, float]:
     """Median spread per job as the agent's own telemetry measured it."""
     try:
         status = read_status(sock)
@@ -112,7 +113,7 @@ def _agent_spreads(sock: Path) -> dict[str, float]:
         return {}
     if status is None or status.telemetry is None:
         return {}
-    tags = _tag_of_jobs()
+    tags = _tag_of_jobs(workers)
     return {
         tags[job]: statistics.median(item.spread_s for item in items)
         for job, items in status.telemetry.iterations.items()
@@ -190,13 +191,16 @@ def main(argv: list[str] | None = None) -> int:
     )
     parser.add_argument("--interval", default="2s", help="rotation slot (default 2s)")
     parser.add_argument("--iterations", type=int, default=15)
+    parser.add_argument("--workers", type=int, default=2, help="workers per job (default 2)")
     parser.add_argument("--model-bytes", type=int, default=3_000_000)
-    parser.add_argument("--compute", type=float, default=0.15, help="seconds per iteration")
+    parser.add_argument(
+        "--compute", type=float, default=0.02, help="seconds per iteration (default 0.02)"
+    )
     args = parser.parse_args(argv)
     console = Console()
 
     console.print(
-        f"[bold]TensorLights demo[/bold]: {len(JOBS)} PS jobs x {WORKERS} workers, "
+        f"[bold]TensorLights demo[/bold]: {len(JOBS)} PS jobs x {args.workers} workers, "
         f"{args.model_bytes / 1e6:.0f} MB model, {args.compute * 1e3:.0f} ms compute, "
         f"{args.iterations} iterations, one {args.rate} PS host link"
     )
@@ -226,7 +230,7 @@ def main(argv: list[str] | None = None) -> int:
             lights = _run_jobs(pair, args, console, client)
             client.close()
             time.sleep(1.0)  # the final pushes close once the connections are gone
-            measured = _agent_spreads(workdir / "agent.sock")
+            measured = _agent_spreads(workdir / "agent.sock", args.workers)
         finally:
             for proc in (agent, controller):
                 if proc is not None:
@@ -261,7 +265,7 @@ def main(argv: list[str] | None = None) -> int:
     console.print()
     console.print(table)
     change = (avg_lights - avg_fifo) / avg_fifo
-    console.print(f"average JCT with TensorLights: {change:+.0%} vs FIFO")
+    console.print(f"average JCT with TensorLights: {change:+.1%} vs FIFO")
     console.print("namespaces and processes removed")
     return 0
 
