@@ -238,8 +238,10 @@ class DiscoverySnapshot:
                 kinds[task.job] = task.kind
         return kinds
 
+    @functools.cached_property
     def collective_jobs(self) -> frozenset[str]:
-        """Jobs of ranks (all-reduce), whose traffic spans hosts."""
+        """Jobs of ranks (all-reduce), whose traffic spans hosts (read by the sampler and
+        the reconciler from the same scan: computed once)."""
         return frozenset(
             job for job, kind in self.job_kinds().items() if kind is JobKind.COLLECTIVE
         )

@@ -201,7 +201,7 @@ class Reconciler:
             shaped_jobs(snapshot, self.config.pod_shaping),
             loads,
             self._started(),
-            snapshot.collective_jobs(),
+            snapshot.collective_jobs,
         )
         spec = desired_spec(self.config, snapshot, plan)
         ops, full = 0, False
@@ -243,7 +243,7 @@ class Reconciler:
         snapshot = self._scanner.scan()
         shaped = shaped_jobs(snapshot, self.config.pod_shaping)
         plan = self._policy.evaluate(
-            self._clock(), shaped, self._loads(), self._started(), snapshot.collective_jobs()
+            self._clock(), shaped, self._loads(), self._started(), snapshot.collective_jobs
         )
         spec = desired_spec(self.config, snapshot, plan)
         return plan, spec, (self._dataplane.plan(spec) if spec is not None else None)

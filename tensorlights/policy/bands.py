@@ -203,9 +203,8 @@ class BandPolicy:
         # Kept in place: jobs still being measured or not pushing yet (young), and measured
         # ones whose demand does not order them yet (ordering_demands); a job with no load
         # past the grace (not iterative) goes behind.
-        holding = (self._guard.young(now, MEASURE_GRACE_S, present) | frozenset(loads)) - frozenset(
-            demands
-        )
+        young = self._guard.young(now, MEASURE_GRACE_S, present)
+        holding = (young | frozenset(loads)) - frozenset(demands)
         desired = pack_order(current, demands, self._guard.promoted, holding=holding)
         # ... a reorder waits for the green job's push to end (its iteration boundary).
         if desired != current:

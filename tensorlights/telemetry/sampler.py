@@ -123,7 +123,7 @@ class TelemetrySampler:
         self._paths = namespaces
         # Jobs of ranks: their ring's steps are joined into iterations, and their bytes per
         # iteration do not hold while they wait (JobLoad.bytes_hold_waiting).
-        collective = snapshot.collective_jobs()
+        collective = snapshot.collective_jobs
         with self._lock:
             self.tracker.collective = collective
 
