@@ -192,6 +192,8 @@ def main() -> None:
         ("a new PS process", new_ps),
         (f"a new listener of a PS found over {YOUNG_PS_S:.0f} s ago", old_ps),
     ):
+        if not latencies:  # --detections 0
+            continue
         print(
             f"listen() -> shaped, {what} ({len(latencies)} trials): median "
             f"{statistics.median(latencies) * 1e3:.0f} ms, max {max(latencies) * 1e3:.0f} ms"
