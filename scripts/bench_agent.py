@@ -4,9 +4,11 @@
 16 PS jobs (processes found by TENSORLIGHTS_JOB/ROLE) in one namespace hold 16 connections
 each to a worker namespace (256 connections); the agent shapes veth-a at 200 Mbit and rotates
 the green light every second. After a warm-up, the agent's CPU time (the scheduler's exact
-count, not the tick-sampled utime + stime) and VmRSS are sampled over --seconds, once the PS
-are no longer young (found more than YOUNG_PS_S ago); the CPU share while they were young is
-printed too. Then the detection latency, listen() -> the port shaped. Needs root.
+count, not the tick-sampled utime + stime), split by thread (the agent names its threads in
+the kernel; a thread that ended meanwhile is in the total only), and VmRSS are sampled over
+--seconds, once the PS are no longer young (found more than YOUNG_PS_S ago); the CPU share
+while they were young is printed too. Then the detection latency, listen() -> the port
+shaped. Needs root.
 
     .venv/bin/python scripts/bench_agent.py [--seconds 60] [--jobs 16] [--connections 16]
 """
@@ -38,6 +40,20 @@ def cpu_seconds(pid: int) -> float:
     (TICK_CPU_ACCOUNTING, 250 Hz), which overcharges a process that wakes briefly on a timer:
     they showed the telemetry thread at twice its real cost."""
     return time.clock_gettime((~pid << 3) | CPUCLOCK_SCHED)
+
+
+def thread_cpu_seconds(pid: int) -> dict[str, float]:
+    """CPU seconds per thread name (the scheduler's exact count, /proc/PID/task/TID/schedstat),
+    the main thread as "main": the agent names its threads in the kernel (tensorlights.threads)."""
+    by_name: dict[str, float] = {}
+    for task in Path(f"/proc/{pid}/task").iterdir():
+        try:
+            name = "main" if task.name == str(pid) else (task / "comm").read_text().strip()
+            seconds = int((task / "schedstat").read_text().split()[0]) / 1e9
+        except (FileNotFoundError, ProcessLookupError):
+            continue  # ended meanwhile
+        by_name[name] = by_name.get(name, 0.0) + seconds
+    return by_name
 
 
 def rss_mib(pid: int) -> float:
@@ -157,12 +173,17 @@ def main() -> None:
             time.sleep(max(0.0, YOUNG_PS_S + 1 - (time.monotonic() - found_at)))
             young_share = (cpu_seconds(agent.pid) - young_cpu) / (time.monotonic() - young_start)
             start_cpu, start = cpu_seconds(agent.pid), time.monotonic()
+            start_threads = thread_cpu_seconds(agent.pid)
             rss = []
             while time.monotonic() - start < args.seconds:
                 time.sleep(1)
                 rss.append(rss_mib(agent.pid))
             cpu = cpu_seconds(agent.pid) - start_cpu
             wall = time.monotonic() - start
+            threads = {
+                name: seconds - start_threads.get(name, 0.0)
+                for name, seconds in thread_cpu_seconds(agent.pid).items()
+            }
             status = read_status(sock)
             rotations = len(status.recent_rotations) if status is not None else 0
             source = status.shaping.discovery["processes_from"] if status and status.shaping else ""
@@ -180,6 +201,8 @@ def main() -> None:
         f"(every {args.sample_interval}), {wall:.0f} s measured"
     )
     print(f"agent CPU: {100 * cpu / wall:.2f}% of one core (steady state)")
+    by_thread = sorted(threads.items(), key=lambda item: -item[1])
+    print("  by thread: " + ", ".join(f"{name} {100 * s / wall:.2f}%" for name, s in by_thread))
     print(
         f"agent CPU while the PS were young (their first {YOUNG_PS_S:.0f} s, descriptors "
         f"checked every poll): {100 * young_share:.2f}% of one core"

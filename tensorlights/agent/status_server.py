@@ -17,6 +17,7 @@ from pathlib import Path
 from typing import Any
 
 from tensorlights.errors import ConfigError
+from tensorlights.threads import daemon_thread
 
 
 class StatusBoard:
@@ -75,7 +76,7 @@ class StatusServer:
         except OSError as exc:
             raise ConfigError(f"cannot serve status on {path}: {exc.strerror or exc}") from exc
         self._stopping = False
-        self._thread = threading.Thread(target=self._serve, name="status-socket", daemon=True)
+        self._thread = daemon_thread(self._serve, "status-socket")
 
     def start(self) -> None:
         self._thread.start()

@@ -31,6 +31,7 @@ from lightkube.resources.core_v1 import Pod
 from tensorlights.controller.registry import PodPlacement, SourceJob
 from tensorlights.discovery.rules import launcher_job
 from tensorlights.errors import TransientError
+from tensorlights.threads import daemon_thread
 
 KUBEFLOW_JOB = "training.kubeflow.org/job-name"
 KUBEFLOW_REPLICA = "training.kubeflow.org/replica-type"
@@ -177,9 +178,7 @@ class KubernetesPods:
     def _start(self) -> None:
         with self._lock:
             if self._thread is None:
-                self._thread = threading.Thread(
-                    target=self._run, name="kubernetes-watch", daemon=True
-                )
+                self._thread = daemon_thread(self._run, "kubernetes-watch")
                 self._thread.start()
 
     def _run(self) -> None:

@@ -6,13 +6,13 @@ from __future__ import annotations
 
 import ipaddress
 import logging
-import threading
 from http.server import BaseHTTPRequestHandler, ThreadingHTTPServer
 
 from prometheus_client import CONTENT_TYPE_LATEST, CollectorRegistry, generate_latest
 
 from tensorlights.daemon.health import Health
 from tensorlights.errors import ConfigError
+from tensorlights.threads import daemon_thread
 
 log = logging.getLogger("tensorlights.metrics")
 
@@ -67,9 +67,7 @@ class MetricsServer:
                 f"cannot serve metrics on {address[0]}:{address[1]}: {exc.strerror}"
             ) from exc
         self._server.daemon_threads = True
-        self._thread = threading.Thread(
-            target=self._server.serve_forever, name="metrics-http", daemon=True
-        )
+        self._thread = daemon_thread(self._server.serve_forever, "metrics-http")
 
     @property
     def address(self) -> tuple[str, int]:

@@ -19,11 +19,11 @@ import logging
 import select
 import socket
 import struct
-import threading
 from collections.abc import Callable
 
 from tensorlights.netlink_io import call_in_netns
 from tensorlights.policy.dscp_plan import HOOK_CHAIN, TABLE
+from tensorlights.threads import daemon_thread
 
 log = logging.getLogger("tensorlights.datapath")
 
@@ -117,7 +117,7 @@ class KernelWatcher:
 
         self._socks = call_in_netns(netns, open_sockets) if netns else open_sockets()
         self._stop_r, self._stop_w = socket.socketpair()
-        self._thread = threading.Thread(target=self._run, name="kernel-watch", daemon=True)
+        self._thread = daemon_thread(self._run, "kernel-watch")
 
     def start(self) -> None:
         self._thread.start()

@@ -28,6 +28,7 @@ from enum import IntEnum
 
 from tensorlights.errors import PermanentError
 from tensorlights.netlink_io import NLMSG_HDR, call_in_netns
+from tensorlights.threads import daemon_thread
 
 NETLINK_CONNECTOR = 11
 CN_IDX_PROC = 1
@@ -248,7 +249,7 @@ class ProcessWatcher:
         self._held = False
         """A change arrived within min_gap_s of the last wake-up: wake when the gap is over."""
         self._stop = threading.Event()
-        self._thread = threading.Thread(target=self._run, name="proc-events", daemon=True)
+        self._thread = daemon_thread(self._run, "proc-events")
 
     def start(self) -> None:
         self._thread.start()

@@ -50,6 +50,7 @@ from tensorlights.rpc.convert import InvalidMessage
 from tensorlights.rpc.tls import channel_credentials, channel_options, diagnose
 from tensorlights.rpc.v1 import agent_link_pb2 as pb
 from tensorlights.rpc.v1 import agent_link_pb2_grpc as pb_grpc
+from tensorlights.threads import daemon_thread
 from tensorlights.tls_files import TlsFiles
 
 log = logging.getLogger("tensorlights.agent.link")
@@ -101,7 +102,7 @@ class ControllerLink:
         self._rotations: list[AppliedRotation] = []
         self._stop = threading.Event()
         self._report_now = threading.Event()
-        self._thread = threading.Thread(target=self._run, name="controller-link", daemon=True)
+        self._thread = daemon_thread(self._run, "controller-link")
         self.state = LinkState(since=time.time())
 
     # Called by the agent's loop ----------------------------------------------------------
@@ -223,9 +224,7 @@ class ControllerLink:
         heartbeat_s = max(interval_s, reply.heartbeat_interval_ms / 1000)
         plans = stub.WatchPlan(pb.WatchPlanRequest(session=reply.session))
         stream_error: list[Exception] = []
-        watcher = threading.Thread(
-            target=self._watch, args=(plans, stream_error), name="controller-plans", daemon=True
-        )
+        watcher = daemon_thread(self._watch, "controller-plans", (plans, stream_error))
         watcher.start()
         seq = 0
         sent: HostReport | None = None

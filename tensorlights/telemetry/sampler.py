@@ -36,6 +36,7 @@ from tensorlights.errors import TensorLightsError
 from tensorlights.model import DiscoverySnapshot, TcpInfo
 from tensorlights.policy.packing import JobLoad, Measured, job_load
 from tensorlights.telemetry.straggler import DEFAULT_MIN_PUSH_BYTES, Iteration, StragglerTracker
+from tensorlights.threads import daemon_thread
 
 RECENT_ITERATIONS = 200
 LOAD_ITERATIONS = 5
@@ -310,7 +311,7 @@ class TelemetrySampler:
     # Thread ----------------------------------------------------------------------------
 
     def start(self) -> None:
-        self._thread = threading.Thread(target=self._run, name="telemetry", daemon=True)
+        self._thread = daemon_thread(self._run, "telemetry")
         self._thread.start()
 
     def _run(self) -> None:
