@@ -117,8 +117,8 @@ def test_real_jobs_with_20_ms_of_compute_are_measured_iteration_by_iteration(
     received = truths[job.job]
     assert min(len(times) for times in received) == ITERATIONS
     # The job connected at its rendezvous, seconds before its first push: until a push is
-    # seen its connections are looked at one a round, all of them every FULL_ROUND_EVERY
-    # rounds (sampler.py), so the first push is seen within that; from then on every
+    # seen each of its connections is looked at once every FULL_ROUND_EVERY rounds
+    # (sampler.py), so the first push is seen within that; from then on every
     # iteration is reported bar the warm-up, and one more: before every worker has answered.
     seen_by = min(times[0] for times in received) + FIRST_PUSH_SEEN_WITHIN_S
     first = next(k for k in range(ITERATIONS) if min(times[k] for times in received) > seen_by)
