@@ -203,10 +203,10 @@ class TelemetrySampler:
             # The job's own rounds: another job sampled faster adds rounds, and a count
             # shared with it could keep meeting this job on the same residues.
             turn = self._turns[job] = self._turns.get(job, 0) + 1
-            watch = [target for target in conns if target.key in pushing]
             if job in busy or job not in self._known_jobs or interval < self.interval_s:
                 chosen = conns
-            elif not watch:  # none has pushed yet: each once every FULL_ROUND_EVERY, spread
+            elif not (watch := [target for target in conns if target.key in pushing]):
+                # None has pushed yet: each once every FULL_ROUND_EVERY, spread over them.
                 chosen = conns[turn % FULL_ROUND_EVERY :: FULL_ROUND_EVERY]
             elif turn % FULL_ROUND_EVERY == 0:
                 chosen = conns
