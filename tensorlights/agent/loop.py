@@ -105,7 +105,6 @@ class AgentLoop:
         if self._kernel_changed.is_set():
             self._kernel_changed.clear()
             changed = self._change_reason  # often our own rotation: said only if repaired
-            self.reconciler.force_resync()
         link = self._out.link
         for plan in link.take_plans() if link is not None else ():
             if not self.reconciler.offer_plan(plan):
@@ -118,15 +117,15 @@ class AgentLoop:
             self.reconciler.offer_vouchers(vouchers)
         try:
             with self._out.metrics.reconcile_duration.time():
-                result = self.reconciler.run_pass()
+                result = self.reconciler.run_pass(repair=bool(changed))
         except (TransientError, OSError) as exc:
             return self._failed(exc)
         except TensorLightsError as exc:
             if self._last_pass is None:
                 raise  # the first pass fails permanently: configuration, kernel support
             return self._failed(exc)  # it worked before: the host changed (errors.py)
-        if changed and result.kernel_ops:
-            log.warning("%s: repaired (%d kernel writes)", changed, result.kernel_ops)
+        if result.repaired:
+            log.warning("%s: repaired (%d kernel writes)", changed, result.repaired)
         self._succeeded(result)
         wait_s = self.config.scan_interval_s
         if result.plan.next_change_at is not None:

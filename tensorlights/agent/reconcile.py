@@ -58,6 +58,9 @@ class PassResult:
     """Pod shaping was on: PS tasks in other network namespaces are this host's pods."""
     offload: HwTcOffload | None = None
     """The interface's hw-tc-offload feature, as read at the last full resync."""
+    repaired: int = 0
+    """Kernel writes that restored what the previous pass had written (run_pass(repair=True)):
+    someone else's change undone. Part of kernel_ops."""
 
 
 def desired_spec(
@@ -181,7 +184,11 @@ class Reconciler:
         self._scanned = None
         self._next_resync = float("-inf")
 
-    def run_pass(self) -> PassResult:
+    def run_pass(self, repair: bool = False) -> PassResult:
+        """One pass. `repair`: the kernel told us something of ours changed; the datapath last
+        written is read back and restored first, so that the writes this pass needs anyway
+        (a job came or went, the light moved) are not taken for repairs, nor our own
+        deletions' notifications for someone else's."""
         now = self._clock()
         # A pass woken early for the light's slot boundary reuses a fresh enough scan, unless
         # discovery has news (then it was woken for them).
@@ -204,7 +211,7 @@ class Reconciler:
             snapshot.collective_jobs,
         )
         spec = desired_spec(self.config, snapshot, plan)
-        ops, full = 0, False
+        ops, full, repaired, read_back = 0, False, 0, False
         if spec is None:
             if not self._fifo_cleared:
                 self._dataplane.cleanup(self.config.interface)  # observe only: no shaping left
@@ -212,11 +219,12 @@ class Reconciler:
             self._written = None
         else:
             self._fifo_cleared = False
+            if repair and self._written is not None:
+                read_back = True
+                repaired = self._resync(self._written, now)
             full = now >= self._next_resync or self._written is None
             if full:
-                ops = self._dataplane.apply(spec)
-                self._next_resync = now + self.config.resync_interval_s
-                self._offload = self._dataplane.hw_offload(self.config.interface)
+                ops = self._resync(spec, now)
             elif spec != self._written:
                 ops = self._dataplane.rotate(spec)
             self._written = spec
@@ -225,8 +233,8 @@ class Reconciler:
             snapshot=snapshot,
             plan=plan,
             spec=spec,
-            kernel_ops=ops,
-            full_resync=full,
+            kernel_ops=ops + repaired,
+            full_resync=full or read_back,
             scan_s=scanned - now,
             duration_s=self._clock() - now,
             loads=loads,
@@ -236,7 +244,15 @@ class Reconciler:
             vouchers=self._vouchers,
             pods=self.config.pod_shaping,
             offload=self._offload,
+            repaired=repaired,
         )
+
+    def _resync(self, spec: DatapathSpec, now: float) -> int:
+        """Read the kernel back and make it `spec`; kernel writes made."""
+        ops = self._dataplane.apply(spec)
+        self._next_resync = now + self.config.resync_interval_s
+        self._offload = self._dataplane.hw_offload(self.config.interface)
+        return ops
 
     def dry_run(self) -> tuple[BandPlan, DatapathSpec | None, PlannedChange | None]:
         """What the next pass would program, touching nothing."""

@@ -39,15 +39,21 @@ class Clock:
 
 @dataclass
 class FakeDataplane:
-    """Records the calls the reconciler makes; `fail` raises on the next write."""
+    """Records the calls the reconciler makes; `fail` raises on the next write. `kernel`: what
+    the kernel holds (set it to None for a hand deletion): writing what it holds writes
+    nothing."""
 
     calls: list[tuple[str, object]] = field(default_factory=list)
     fail: Exception | None = None
+    kernel: DatapathSpec | None = None
 
     def _write(self, name: str, spec: DatapathSpec) -> int:
         self.calls.append((name, spec))
         if self.fail is not None:
             raise self.fail
+        if spec == self.kernel:
+            return 0
+        self.kernel = spec
         return len(spec.jobs) + 1
 
     def apply(self, spec: DatapathSpec) -> int:
@@ -170,6 +176,48 @@ def test_an_error_forces_a_full_resync_at_the_next_pass() -> None:
     reconciler.force_resync()
     clock.now += 0.25
     assert reconciler.run_pass().full_resync and dataplane.names() == ["apply", "apply"]
+
+
+def test_a_kernel_change_counts_as_repaired_only_what_restores_the_last_pass() -> None:
+    """A notification often follows our own deletion (a job left); the pass it wakes may have
+    writes of its own to make (a job came): those are not repairs. A hand deletion is."""
+    reconciler, dataplane, scanner, clock = _reconciler()
+    reconciler.run_pass()
+    scanner.jobs.append("c")
+    scanner.news = True
+    clock.now += 0.25
+    joined = reconciler.run_pass(repair=True)
+    assert dataplane.names() == ["apply", "apply", "rotate"]  # read back, then the news
+    assert joined.repaired == 0 and joined.kernel_ops == 4 and joined.full_resync
+    dataplane.kernel = None  # deleted by hand
+    clock.now += 0.25
+    restored = reconciler.run_pass(repair=True)
+    assert restored.repaired == 4 and restored.kernel_ops == 4
+    assert dataplane.names()[3:] == ["apply"]  # the spec is unchanged: nothing to rotate
+
+
+def test_the_loop_warns_of_repairs_only(caplog: pytest.LogCaptureFixture) -> None:
+    clock = Clock()
+    reconciler, dataplane, scanner, _ = _reconciler(clock=clock)
+    app = _loop(reconciler, clock)
+    app.step()
+    scanner.jobs.remove("b")  # a job left: our own deletions notify
+    scanner.news = True
+    clock.now += 0.25
+    app.step()
+    app.loop.request_resync("something of ours was deleted in nftables")
+    scanner.jobs.append("c")  # the pass the notification wakes has writes of its own
+    scanner.news = True
+    clock.now += 0.25
+    app.step()
+    assert "repaired" not in caplog.text
+    dataplane.kernel = None
+    app.loop.request_resync("a tc object of ours was deleted or our root qdisc replaced")
+    clock.now += 0.25
+    app.step()
+    assert caplog.messages == [
+        "a tc object of ours was deleted or our root qdisc replaced: repaired (3 kernel writes)"
+    ]
 
 
 def test_fifo_cleans_up_once_and_then_only_observes() -> None:
