@@ -8,6 +8,8 @@
 #   scripts/gpu_bench.sh run BENCH-ARGS   # there, from the repository root with .devicekit/:
 #                                         # our wheels beside the machine's own torch,
 #                                         # then python -m tensorlights.bench run BENCH-ARGS
+#   scripts/gpu_bench.sh python ARGS      # there, the same set-up, then python3 ARGS
+#                                         # (e.g. scripts/bench_agent.py on a GPU host's CPUs)
 #
 # The tools run from .devicekit/ through PATH and LD_LIBRARY_PATH; nothing is installed
 # outside /tmp. Workers compute on the GPU with `--device cuda`.
@@ -29,7 +31,8 @@ prepare)
         "lightkube>=1.0,<2" psutil click prometheus-client
     du -sh "$KIT"
     ;;
-run)
+run | python)
+    mode=$1
     shift
     [[ -d $KIT/wheels ]] || { echo "no $KIT: run '$0 prepare' where iproute2 is" >&2; exit 2; }
     # Only the libraries the machine lacks: its own (newer) libz, libtinfo... stay in force
@@ -48,11 +51,14 @@ run)
             "lightkube>=1.0,<2" psutil click prometheus-client
     fi
     export PATH="$PWD/$KIT/bin:$PATH" LD_LIBRARY_PATH="$missing" PYTHONPATH="$PWD:$site"
+    if [[ $mode == python ]]; then
+        exec python3 "$@"
+    fi
     python3 -c 'import torch; assert torch.cuda.is_available(), "no CUDA device"'
     exec python3 -m tensorlights.bench run --device cuda --no-plots "$@"
     ;;
 *)
-    echo "usage: $0 prepare | run BENCH-ARGS" >&2
+    echo "usage: $0 prepare | run BENCH-ARGS | python ARGS" >&2
     exit 2
     ;;
 esac

@@ -7,9 +7,10 @@ our handle, or a root qdisc that is not ours; in our nftables table (inet tensor
 deleted table, chain, set or set element, or a rule deleted from the hook chain. Rules deleted
 from a job's chain are left to the periodic resync: every rotation flushes those chains, and a
 read-back per rotation would cost more than it repairs. A lost notification (ENOBUFS) counts
-as a change. The agent answers a change with a full resync: it reads the kernel back and
-repairs. Our own full applies notify too: they are not told apart (a window that ignored
-them would also hide a hand edit made meanwhile) and cost one read-back that writes nothing.
+as a change. The agent answers a change with a read-back of the datapath it last wrote,
+restored before the pass's own writes (only that restoration is a repair, and warned of).
+Our own writes notify too: they are not told apart (a window that ignored them would also
+hide a hand edit made meanwhile) and cost one read-back that writes nothing.
 """
 
 from __future__ import annotations
