@@ -79,7 +79,10 @@ class TelemetrySampler:
         self._targets: tuple[dict[str, list[_Target]], dict[str, set[str]]] | None = None
         self._lock = threading.Lock()
         self._recent: dict[str, deque[Iteration]] = {}
-        self._last_seen: dict[str, float] = {}
+        self._ended: dict[str, float] = {}
+        """When each job with iterations kept was last found gone (KEEP_ENDED_JOBS_S)."""
+        self._present: dict[str, set[str]] | None = None
+        """The connections by job the tracker was last given (a scan's, until the next)."""
         self._iterations: dict[str, int] = {}
         self._loads: dict[str, tuple[int, float, JobLoad | None]] = {}
         """Per job: (its iteration count, the link rate, its load) when last worked out."""
@@ -187,18 +190,23 @@ class TelemetrySampler:
         by_job, present = targets
         keys: list[tuple[str, str]] = []
         chosen_targets: list[_Target] = []
-        busy = self.tracker.busy_jobs()
-        for job in self.tracker.sending_jobs():
-            self._first_busy.setdefault(job, self._clock())
-        pushing = self.tracker.pushing_connections()
-        due_by = self._clock() + MIN_INTERVAL_S / 2
-        intervals = {}
+        round_at = self._clock()
+        due_by = round_at + MIN_INTERVAL_S / 2
+        due = []
         for job, conns in by_job.items():
             if not conns:  # between connections: due again once it has some
                 self._due.pop(job, None)
-                continue
-            if self._due.get(job, due_by) > due_by:
-                continue
+            elif self._due.get(job, due_by) <= due_by:
+                due.append((job, conns))
+        # Asked of the due jobs' connections only: a job sampled every 5 ms would otherwise
+        # make every round go over every connection of every job.
+        scope = [target.key for _, conns in due for target in conns]
+        busy = self.tracker.busy_jobs(scope)
+        for job in self.tracker.sending_jobs(scope):
+            self._first_busy.setdefault(job, round_at)
+        pushing = self.tracker.pushing_connections(scope)
+        intervals = {}
+        for job, conns in due:
             intervals[job] = interval = self._interval(job, due_by)
             # The job's own rounds: another job sampled faster adds rounds, and a count
             # shared with it could keep meeting this job on the same residues.
@@ -220,6 +228,8 @@ class TelemetrySampler:
         gone = {key for (_, key), info in zip(keys, infos, strict=True) if info is None}
         if gone:  # closed since the last scan
             present = {job: keys - gone for job, keys in present.items()}
+        same_present = present is self._present
+        self._present = present
         samples = [(job, key, info) for (job, key), info in zip(keys, infos, strict=True) if info]
         ends = _push_ends(samples)
         for job, interval in intervals.items():
@@ -233,23 +243,27 @@ class TelemetrySampler:
         self.sampled_connections += len(ids)
         self._known_jobs = set(by_job)
         with self._lock:
-            closed = self.tracker.observe(now, samples, present)
-            for job in present:
-                self._last_seen[job] = now
-            for job in self._due.keys() - present.keys():
-                self._due.pop(job)
-                self._first_seen.pop(job, None)
-                self._first_busy.pop(job, None)
-                self._turns.pop(job, None)
-            for job, seen in list(self._last_seen.items()):
-                if now - seen > KEEP_ENDED_JOBS_S:
-                    del self._last_seen[job]
+            closed = self.tracker.observe(now, samples, present, same_present)
+            if not same_present:  # jobs came or went (a scan, or sockets closed)
+                for job in self._due.keys() - present.keys():
+                    self._due.pop(job)
+                    self._first_seen.pop(job, None)
+                    self._first_busy.pop(job, None)
+                    self._turns.pop(job, None)
+                for job in self._recent.keys() - present.keys():
+                    self._ended.setdefault(job, now)
+                for job in present:
+                    self._ended.pop(job, None)
+            for job, ended in list(self._ended.items()):
+                if now - ended > KEEP_ENDED_JOBS_S:
+                    del self._ended[job]
                     self._recent.pop(job, None)
                     self._iterations.pop(job, None)
                     self._loads.pop(job, None)
             for iteration in closed:
                 self._iterations[iteration.job] = self._iterations.get(iteration.job, 0) + 1
-                self._last_seen.setdefault(iteration.job, now)
+                if iteration.job not in present:  # its last, closed as it ended
+                    self._ended.setdefault(iteration.job, now)
                 self._recent.setdefault(iteration.job, deque(maxlen=RECENT_ITERATIONS)).append(
                     iteration
                 )

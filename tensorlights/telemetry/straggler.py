@@ -199,21 +199,31 @@ class StragglerTracker:
         self.collective: frozenset[str] = frozenset()
         """Jobs of ranks (all-reduce rings): their steps are joined (see the module doc)."""
 
-    def busy_jobs(self) -> set[str]:
-        """Jobs with a connection last seen pushing (or not primed yet)."""
+    def busy_jobs(self, keys: Iterable[str] | None = None) -> set[str]:
+        """Jobs with a connection last seen pushing (or not primed yet); of the connections
+        `keys` only, if given (the sampler asks about the jobs due in a round: asking about
+        all would cost every round as much as there are connections)."""
         return {
             conn.job
-            for conn in self._connections.values()
+            for _, conn in self._scoped(keys)
             if conn.busy_at is not None or not conn.primed
         }
 
-    def sending_jobs(self) -> set[str]:
+    def sending_jobs(self, keys: Iterable[str] | None = None) -> set[str]:
         """Jobs with a connection seen sending after it was seen idle: a push began."""
         return {
-            conn.job
-            for conn in self._connections.values()
-            if conn.busy_at is not None and conn.primed
+            conn.job for _, conn in self._scoped(keys) if conn.busy_at is not None and conn.primed
         }
+
+    def pushing_connections(self, keys: Iterable[str] | None = None) -> set[str]:
+        """Connections that have completed a push: the ones that show a job's push begin."""
+        return {key for key, conn in self._scoped(keys) if conn.pushed}
+
+    def _scoped(self, keys: Iterable[str] | None) -> Iterable[tuple[str, _Connection]]:
+        if keys is None:
+            return self._connections.items()
+        connections = self._connections
+        return ((key, conn) for key in keys if (conn := connections.get(key)) is not None)
 
     def answer_gaps(self, job: str) -> list[float]:
         """The job's recent times from a push's end to its worker's answer (empty: none seen,
@@ -226,20 +236,19 @@ class StragglerTracker:
         conn = self._connections.get(connection)
         return conn.last_done if conn is not None else None
 
-    def pushing_connections(self) -> set[str]:
-        """Connections that have completed a push: the ones that show a job's push begin."""
-        return {key for key, conn in self._connections.items() if conn.pushed}
-
     def observe(
         self,
         now: float,
         samples: Iterable[tuple[str, str, TcpInfo]],
         present: Mapping[str, set[str]] | None = None,
+        same_present: bool = False,
     ) -> list[Iteration]:
         """One sampling round: (job, connection key, tcp_info) for the connections sampled
         now; `present`: every connection that exists, by job (default: those sampled).
         Returns the iterations that closed. Connections and jobs no longer present are
-        forgotten (their process or socket is gone)."""
+        forgotten (their process or socket is gone); `same_present`: `present` is the
+        previous round's, so there is nothing to forget (not looked for: a round at 5 ms
+        would otherwise go over every connection of every job)."""
         samples = list(samples)
         if present is None:
             present = {}
@@ -259,16 +268,9 @@ class StragglerTracker:
                     answering.held.clear()
                 if gap >= self._step_window(job, answering):  # not a peer's ring step
                     answering.gaps.append(gap)
-        for key in self._connections.keys() - set().union(*present.values()):
-            del self._connections[key]
         closed: list[Iteration] = []
-        for job in self._jobs.keys() - present.keys():
-            state = self._jobs.pop(job)  # the job ended: its last iteration is complete
-            if state.open:
-                closed.extend(self._close(job, state))
-            closed.extend(state.held)  # it never answered
-            self.sent_bytes.pop(job, None)
-            self.sent_packets.pop(job, None)
+        if not same_present:
+            closed.extend(self._forget_absent(present))
         for job, finished in completions.items():
             state = self._jobs.setdefault(job, _Job())
             self._update_membership(state, present.get(job, set()))
@@ -337,6 +339,21 @@ class StragglerTracker:
                 else state.known <= state.open.keys()
             ):
                 closed.extend(self._close(job, state))
+        return closed
+
+    def _forget_absent(self, present: Mapping[str, set[str]]) -> list[Iteration]:
+        """Forgets the connections and jobs not in `present`; the ended jobs' last
+        iterations, closed."""
+        for key in self._connections.keys() - set().union(*present.values()):
+            del self._connections[key]
+        closed: list[Iteration] = []
+        for job in self._jobs.keys() - present.keys():
+            state = self._jobs.pop(job)  # the job ended: its last iteration is complete
+            if state.open:
+                closed.extend(self._close(job, state))
+            closed.extend(state.held)  # it never answered
+            self.sent_bytes.pop(job, None)
+            self.sent_packets.pop(job, None)
         return closed
 
     def _place_by_answers(self, job: str, state: _Job, completion: Completion) -> list[Iteration]:
