@@ -10,7 +10,13 @@ the kernel; a thread that ended meanwhile is in the total only), and VmRSS are s
 while they were young is printed too. Then the detection latency, listen() -> the port
 shaped. Needs root.
 
+With --pushing N, N more jobs push for real through veth-a all along (synthetic PS jobs, 3
+workers each, --push-bytes a push, --push-compute between pushes: iterations with short
+gaps, which the sampler follows every 5-20 ms): the cost of telemetry while jobs train,
+not only while they idle; the iterations it reported for them are counted.
+
     .venv/bin/python scripts/bench_agent.py [--seconds 60] [--jobs 16] [--connections 16]
+        [--pushing 2 --push-bytes 1000000 --push-compute 0.02]
 """
 
 from __future__ import annotations
@@ -29,7 +35,9 @@ from tensorlights.agent.status import Shaping, read_status
 from tensorlights.discovery.scanner import YOUNG_PS_S
 from tensorlights.errors import TransientError
 from tensorlights.testbed import netns
+from tensorlights.testbed.psjob import RunningJob
 from tensorlights.testbed.socket_holder import Holder, clean_env, start_holder
+from tensorlights.testbed.workloads import JobShape, Workload, start_workload
 
 CPUCLOCK_SCHED = 2
 
@@ -130,10 +138,14 @@ def main() -> None:
     parser.add_argument("--telemetry", choices=["on", "off"], default="on")
     parser.add_argument("--sample-interval", default="100ms")
     parser.add_argument("--detections", type=int, default=10, help="listen() -> shaped trials")
+    parser.add_argument("--pushing", type=int, default=0, help="jobs that push all along")
+    parser.add_argument("--push-bytes", type=int, default=1_000_000)
+    parser.add_argument("--push-compute", type=float, default=0.02, help="seconds")
     args = parser.parse_args()
 
     with netns.host_pair() as pair, tempfile.TemporaryDirectory() as workdir:
         holders: list[Holder] = []
+        pushing: list[RunningJob] = []
         agent = None
         try:
             worker = start_holder({}, "--host", pair.b.ipv4, prefix=pair.b.exec_args())
@@ -154,6 +166,11 @@ def main() -> None:
                 f"enabled = {'true' if args.telemetry == 'on' else 'false'}\n"
                 f'sample_interval = "{args.sample_interval}"\n'
             )
+            for i in range(args.pushing):  # as many iterations as outlast the benchmark
+                shape = JobShape(3, args.push_bytes, 1_000_000, args.push_compute)
+                pushing.append(
+                    start_workload(Workload.SYNTHETIC, f"push-{i}", pair.a, [pair.b], shape)
+                )
             sock = Path(workdir) / "agent.sock"
             command = [
                 sys.executable, *(["-m", "cProfile", "-o", args.profile] if args.profile else []),
@@ -163,7 +180,7 @@ def main() -> None:
                 "--state-dir", str(Path(workdir) / "state"), "--log-level", "warning",
             ]  # fmt: skip
             agent = subprocess.Popen(pair.a.exec_args(*command), env=clean_env())
-            shaping = wait_for_jobs(sock, args.jobs)
+            shaping = wait_for_jobs(sock, args.jobs + args.pushing)
             found_at = time.monotonic()
             connections = sum(len(task["connections"]) for task in shaping.discovery["tasks"])
             time.sleep(5)  # warm-up: imports done, caches filled
@@ -186,6 +203,12 @@ def main() -> None:
             }
             status = read_status(sock)
             rotations = len(status.recent_rotations) if status is not None else 0
+            reported = {
+                job.job: len(status.telemetry.iterations.get(job.job, ()))
+                if status is not None and status.telemetry is not None
+                else 0
+                for job in pushing
+            }
             source = status.shaping.discovery["processes_from"] if status and status.shaping else ""
             new_ps, old_ps = detection_latencies(sock, pair, holders[1:], args.detections)
         finally:
@@ -194,12 +217,20 @@ def main() -> None:
                 agent.wait(20)
             for holder in holders:
                 holder.stop()
+            for job in pushing:
+                job.kill()
     print(
         f"jobs {args.jobs}, PS connections {connections}, rotation every 1 s, "
         f"scan every {args.scan_interval}, poll every {args.poll_interval}, "
         f"processes from {source}, telemetry {args.telemetry} "
         f"(every {args.sample_interval}), {wall:.0f} s measured"
     )
+    if pushing:
+        print(
+            f"jobs pushing all along: {args.pushing} ({args.push_bytes} bytes to each of 3 "
+            f"workers, {args.push_compute * 1e3:.0f} ms between); iterations in the status "
+            "(the latest kept): " + ", ".join(f"{job} {n}" for job, n in reported.items())
+        )
     print(f"agent CPU: {100 * cpu / wall:.2f}% of one core (steady state)")
     by_thread = sorted(threads.items(), key=lambda item: -item[1])
     print("  by thread: " + ", ".join(f"{name} {100 * s / wall:.2f}%" for name, s in by_thread))

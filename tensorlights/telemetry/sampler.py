@@ -201,10 +201,9 @@ class TelemetrySampler:
         # Asked of the due jobs' connections only: a job sampled every 5 ms would otherwise
         # make every round go over every connection of every job.
         scope = [target.key for _, conns in due for target in conns]
-        busy = self.tracker.busy_jobs(scope)
-        for job in self.tracker.sending_jobs(scope):
+        busy, sending, pushing = self.tracker.watch_state(scope)
+        for job in sending:
             self._first_busy.setdefault(job, round_at)
-        pushing = self.tracker.pushing_connections(scope)
         intervals = {}
         for job, conns in due:
             intervals[job] = interval = self._interval(job, due_by)

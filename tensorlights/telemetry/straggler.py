@@ -66,6 +66,7 @@ import statistics
 from collections import deque
 from collections.abc import Iterable, Mapping
 from dataclasses import dataclass, field
+from typing import NamedTuple
 
 from tensorlights.model import TcpInfo
 
@@ -125,6 +126,15 @@ class Iteration:
     @property
     def spread(self) -> float:
         return self.last_done - self.first_done
+
+
+class WatchState(NamedTuple):
+    busy: set[str]
+    """Jobs with a connection last seen pushing (or not primed yet)."""
+    sending: set[str]
+    """Jobs with a connection seen sending after it was seen idle: a push began."""
+    pushing: set[str]
+    """Connections that have completed a push: the ones that show a job's push begin."""
 
 
 @dataclass
@@ -199,31 +209,36 @@ class StragglerTracker:
         self.collective: frozenset[str] = frozenset()
         """Jobs of ranks (all-reduce rings): their steps are joined (see the module doc)."""
 
-    def busy_jobs(self, keys: Iterable[str] | None = None) -> set[str]:
-        """Jobs with a connection last seen pushing (or not primed yet); of the connections
-        `keys` only, if given (the sampler asks about the jobs due in a round: asking about
-        all would cost every round as much as there are connections)."""
-        return {
-            conn.job
-            for _, conn in self._scoped(keys)
-            if conn.busy_at is not None or not conn.primed
-        }
+    def busy_jobs(self) -> set[str]:
+        return self.watch_state().busy
 
-    def sending_jobs(self, keys: Iterable[str] | None = None) -> set[str]:
-        """Jobs with a connection seen sending after it was seen idle: a push began."""
-        return {
-            conn.job for _, conn in self._scoped(keys) if conn.busy_at is not None and conn.primed
-        }
+    def sending_jobs(self) -> set[str]:
+        return self.watch_state().sending
 
-    def pushing_connections(self, keys: Iterable[str] | None = None) -> set[str]:
-        """Connections that have completed a push: the ones that show a job's push begin."""
-        return {key for key, conn in self._scoped(keys) if conn.pushed}
+    def pushing_connections(self) -> set[str]:
+        return self.watch_state().pushing
 
-    def _scoped(self, keys: Iterable[str] | None) -> Iterable[tuple[str, _Connection]]:
-        if keys is None:
-            return self._connections.items()
+    def watch_state(self, keys: Iterable[str] | None = None) -> WatchState:
+        """busy_jobs, sending_jobs and pushing_connections at once, of the connections `keys`
+        only if given: the sampler asks about the jobs due in a round, in one pass (asking
+        about all would cost every round as much as there are connections)."""
+        busy: set[str] = set()
+        sending: set[str] = set()
+        pushing: set[str] = set()
         connections = self._connections
-        return ((key, conn) for key in keys if (conn := connections.get(key)) is not None)
+        for key in connections if keys is None else keys:
+            conn = connections.get(key)
+            if conn is None:
+                continue
+            if conn.busy_at is not None:
+                busy.add(conn.job)
+                if conn.primed:
+                    sending.add(conn.job)
+            elif not conn.primed:
+                busy.add(conn.job)
+            if conn.pushed:
+                pushing.add(key)
+        return WatchState(busy, sending, pushing)
 
     def answer_gaps(self, job: str) -> list[float]:
         """The job's recent times from a push's end to its worker's answer (empty: none seen,
