@@ -13,7 +13,8 @@ push connections).
 A job with a push in flight is also sampled just after that push should end (what is left to
 send at the connection's delivery rate): in the instant between a push's end and whatever the
 PS sends next on the connection (gloo's notice that it is ready for the gradient), whose ACK
-would otherwise stand for the push's end.
+would otherwise stand for the push's end. Until then, while that end is more than two
+intervals away, a job whose gaps are known is sampled less often (STRETCH_MAX).
 
 Cost: one batch of exact inet_diag lookups per round (no hash-table walk), ~7 us per
 connection sampled; jobs at the configured interval whose workers are computing are sampled
