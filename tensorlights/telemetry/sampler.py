@@ -52,10 +52,11 @@ GAP_SAMPLES = 3
 END_MARGIN_S = 0.002
 STRETCH_MAX = 2.0
 """While a job with known gaps has pushes in flight, the first to end more than two intervals
-away, its interval stretches toward half that time, up to this many times its own: still under
-its shortest gap (GAP_SAMPLES / STRETCH_MAX samples per gap), so an idle gap between two pushes
-on a connection is seen all the same, at a fraction of the rounds (a 1 MB push at a third of
-200 Mbit lasts 120 ms: 18 rounds of 6.7 ms for 20 ms gaps, or 9)."""
+away, its interval stretches toward half that time, up to this many times the gap-based one:
+still under its shortest gap (GAP_SAMPLES / STRETCH_MAX samples per gap, whatever the
+MIN_INTERVAL_S floor), so an idle gap between two pushes on a connection is seen all the same,
+at a fraction of the rounds (a 1 MB push at a third of 200 Mbit lasts 120 ms: 18 rounds of
+6.7 ms for 20 ms gaps, or 9)."""
 KEEP_ENDED_JOBS_S = 60.0
 """A finished job's last iterations stay in `recent()` this long (its final push closes only
 when its connections are gone, i.e. after it ended)."""
@@ -212,11 +213,12 @@ class TelemetrySampler:
         for job in sending:
             self._first_busy.setdefault(job, round_at)
         intervals = {}
-        stretchable = set()
+        stretch_to: dict[str, float] = {}
         for job, conns in due:
             intervals[job] = interval = self._interval(job, due_by)
-            if self.tracker.answer_gaps(job) and job not in self.tracker.collective:
-                stretchable.add(job)  # not a ring's: its steps' gaps are not its compute
+            gaps = self.tracker.answer_gaps(job)
+            if gaps and job not in self.tracker.collective:  # a ring's gaps are its steps'
+                stretch_to[job] = min(gaps) * STRETCH_MAX / GAP_SAMPLES
             # The job's own rounds: another job sampled faster adds rounds, and a count
             # shared with it could keep meeting this job on the same residues.
             turn = self._turns[job] = self._turns.get(job, 0) + 1
@@ -242,11 +244,7 @@ class TelemetrySampler:
         samples = [(job, key, info) for (job, key), info in zip(keys, infos, strict=True) if info]
         ends = _push_ends(samples)
         for job, interval in intervals.items():
-            end = ends.get(job)
-            if end is not None:  # sampled again right after its first push in flight ends
-                if job in stretchable:
-                    interval = min(max(interval, end / 2), STRETCH_MAX * interval, self.interval_s)
-                interval = min(interval, max(end + END_MARGIN_S, MIN_INTERVAL_S))
+            interval = next_interval(interval, ends.get(job), stretch_to.get(job), self.interval_s)
             if interval >= self.interval_s:  # on one grid: such jobs share their rounds
                 self._due[job] = (round(now / interval) + 1) * interval
             else:
@@ -367,6 +365,20 @@ class TelemetrySampler:
         if self._thread is not None:
             self._thread.join(timeout=5)
         self._close_diags()
+
+
+def next_interval(
+    interval: float, end: float | None, stretch_to: float | None, most: float
+) -> float:
+    """A job's next interval, from its own (`interval`) and when its first push in flight
+    should end (`end`, seconds from now; None: none in flight): sampled again right after that
+    end, and until then, if `stretch_to` (its gaps are known), less often while the end is
+    more than two intervals away (STRETCH_MAX), never over `stretch_to` or `most`."""
+    if end is None:
+        return interval
+    if stretch_to is not None:
+        interval = max(interval, min(end / 2, stretch_to, most))
+    return min(interval, max(end + END_MARGIN_S, MIN_INTERVAL_S))
 
 
 def _push_ends(samples: list[tuple[str, str, TcpInfo]]) -> dict[str, float]:
