@@ -215,8 +215,8 @@ class TelemetrySampler:
         intervals = {}
         stretch_to: dict[str, float] = {}
         for job, conns in due:
-            intervals[job] = interval = self._interval(job, due_by)
             gaps = self.tracker.answer_gaps(job)
+            intervals[job] = interval = self._interval(job, due_by, gaps)
             if gaps and job not in self.tracker.collective:  # a ring's gaps are its steps'
                 stretch_to[job] = min(gaps) * STRETCH_MAX / GAP_SAMPLES
             # The job's own rounds: another job sampled faster adds rounds, and a count
@@ -280,9 +280,9 @@ class TelemetrySampler:
             self._on_iteration(iteration)
         return closed
 
-    def _interval(self, job: str, now: float) -> float:
-        """How long until `job` is sampled again (see the module doc)."""
-        gaps = self.tracker.answer_gaps(job)
+    def _interval(self, job: str, now: float, gaps: list[float]) -> float:
+        """How long until `job` is sampled again (see the module doc); `gaps`: its answer
+        gaps (tracker.answer_gaps)."""
         if gaps:
             interval = min(gaps) / GAP_SAMPLES
         elif (
