@@ -335,6 +335,13 @@ class TcpInfo(NamedTuple):
     delivery_rate: int
     """Bytes per second, the kernel's most recent estimate."""
     bytes_sent: int
+    """Retransmissions included."""
+    bytes_retrans: int = 0
+
+    @property
+    def outstanding(self) -> int:
+        """Bytes sent and not acknowledged yet."""
+        return max(0, self.bytes_sent - self.bytes_retrans - self.bytes_acked)
 
 
 # Agent <-> controller ------------------------------------------------------------------------

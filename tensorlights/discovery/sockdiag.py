@@ -64,8 +64,8 @@ _NLA = struct.Struct("=HH")
 # struct tcp_info (linux/tcp.h), the fields of TcpInfo in order, read in one unpack:
 # unacked @24, last_data_sent @44, last_data_recv @52, last_ack_recv @56, rtt @68,
 # bytes_acked @120, bytes_received @128, segs_out @136, notsent_bytes @144,
-# data_segs_out @156, delivery_rate @160, bytes_sent @200 (Linux 4.19+).
-_TCP_INFO = struct.Struct("=24xI16xI4xII8xI48xQQI4xI8xIQ32xQ")
+# data_segs_out @156, delivery_rate @160, bytes_sent @200, bytes_retrans @208 (Linux 4.19+).
+_TCP_INFO = struct.Struct("=24xI16xI4xII8xI48xQQI4xI8xIQ32xQQ")
 _TI_MIN_LEN = _TCP_INFO.size
 
 

@@ -31,6 +31,9 @@ def test_tcp_info_counts_the_bytes_the_peer_acknowledged() -> None:
                     deadline -= 1
                 assert info.bytes_acked == len(payload)
                 assert info.bytes_sent >= len(payload) and info.notsent_bytes == 0
+                # Retransmissions are counted apart: all acknowledged, nothing outstanding.
+                assert info.bytes_sent - info.bytes_retrans == len(payload)
+                assert info.outstanding == 0
                 assert info.rtt_us > 0 and info.last_ack_recv_ms < 10_000
                 assert info.data_segs_out >= 1
             finally:
