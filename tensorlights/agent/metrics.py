@@ -200,7 +200,8 @@ class AgentMetrics:
             self._telemetry_jobs.add(iteration.job)
             if iteration.connections > 1:
                 self.spread.labels(iteration.job).observe(iteration.spread)
-            self.iteration.labels(iteration.job).observe(iteration.period)
+            if iteration.period is not None:  # the first measured has none
+                self.iteration.labels(iteration.job).observe(iteration.period)
             self.push.labels(iteration.job).observe(iteration.push_seconds)
 
     def observe_pass(

@@ -80,7 +80,8 @@ class IterationView:
     last_done: float
     last_done_monotonic: float
     spread_s: float
-    period_s: float
+    period_s: float | None
+    """None: the job's first measured iteration."""
     push_s: float
     connections: int
 

@@ -297,7 +297,7 @@ def status(socket_path: Path, as_json: bool) -> None:
         pids = sorted(t["pid"] for t in tasks if t["job"] == job)
         measured = iterations.get(job, ())
         spread = _median([it.spread_s * 1e3 for it in measured], "{:.0f}")
-        period = _median([it.period_s for it in measured], "{:.2f}")
+        period = _median([it.period_s for it in measured if it.period_s is not None], "{:.2f}")
         table.add_row(
             str(bands.get(job, "-")),
             literal(job),

@@ -3,12 +3,15 @@ and socket, and turns the samples into iterations (straggler.py).
 
 Each job is sampled at its own interval. A push is measured exactly only if a sample falls in
 the idle gap after it (straggler.py), and the gaps are the workers' compute: 20 ms to seconds.
-So a job is sampled GAP_SAMPLES times per gap before its workers' answers, the shortest of its
-recent ones, between MIN_INTERVAL_S and the configured interval; a new job, whose gaps are not
-known yet, every START_INTERVAL_S for START_FOR_S after its connections appear and again after
-its first push is seen (a framework connects at its rendezvous, often many seconds before it
-pushes), then the configured interval until it answers (a job whose workers do not answer on the
-push connections).
+So a job is sampled GAP_SAMPLES times per gap, the shortest of its recent ones, between
+MIN_INTERVAL_S and the configured interval: its gaps are the times before its workers' answers,
+or where they do not answer on the push connections (TensorFlow's), the idle times before its
+iterations' pushes (each measured to within the interval it was sampled at, so the interval
+narrows as they do). A new job, whose gaps are not known yet, is sampled every
+START_INTERVAL_S for START_FOR_S after connections of it appear (its first ones, and any new
+ones: workers connect at their rendezvous, long after a launcher's or a store's connection)
+and again after its first push is seen (a framework connects often many seconds before it
+pushes), then at the configured interval until its gaps are known.
 
 A job with a push in flight is also sampled just after that push should end (what is left to
 send at the connection's delivery rate): in the instant between a push's end and whatever the
@@ -36,7 +39,12 @@ from tensorlights.discovery.sockdiag import SockDiag
 from tensorlights.errors import TensorLightsError
 from tensorlights.model import DiscoverySnapshot, TcpInfo
 from tensorlights.policy.packing import JobLoad, Measured, job_load
-from tensorlights.telemetry.straggler import DEFAULT_MIN_PUSH_BYTES, Iteration, StragglerTracker
+from tensorlights.telemetry.straggler import (
+    DEFAULT_MIN_PUSH_BYTES,
+    Iteration,
+    StragglerTracker,
+    tail_only,
+)
 from tensorlights.threads import daemon_thread
 
 RECENT_ITERATIONS = 200
@@ -155,7 +163,11 @@ class TelemetrySampler:
                 cached = self._loads.get(job)
                 if cached is None or cached[:2] != (count, link_rate_bps):
                     newest = list(islice(reversed(items), COMPUTE_ITERATIONS))[::-1]
-                    measured = [Measured(i.pushed_bytes, i.idle_before_s, i.period) for i in newest]
+                    measured = [
+                        Measured(i.pushed_bytes, i.idle_before_s, i.period)
+                        for i in newest
+                        if i.period is not None  # the first measured: no compute read
+                    ]
                     load = job_load(measured, LOAD_ITERATIONS, count, False, link_rate_bps)
                     cached = self._loads[job] = (count, link_rate_bps, load)
                 if cached[2] is not None:
@@ -186,12 +198,13 @@ class TelemetrySampler:
         launcher's), and all of them every FULL_ROUND_EVERY rounds: an iteration's pushes
         go out together or one right after the other, so one pushing connection going busy
         shows the push began, and from the next round on all are sampled until all are idle
-        again. A job none of whose connections has pushed yet (its workers still loading,
-        at their rendezvous) has each connection sampled once every FULL_ROUND_EVERY rounds,
-        a share of them each round: its first push is seen as soon as by all of them at once
-        every FULL_ROUND_EVERY rounds, and the one-a-round sample, which would not know which
-        connection to watch, is spared (16 such jobs of 16 connections: 256 lookups a second
-        instead of 400)."""
+        again. A connection never sampled (new) has all of its job's sampled in the job's
+        next round: it is to be seen idle before it pushes. A job none of whose connections
+        has pushed yet (its workers still loading, at their rendezvous) has each connection
+        sampled once every FULL_ROUND_EVERY rounds, a share of them each round: its first
+        push is seen as soon as by all of them at once every FULL_ROUND_EVERY rounds, and
+        the one-a-round sample, which would not know which connection to watch, is spared
+        (16 such jobs of 16 connections: 256 lookups a second instead of 400)."""
         targets = self._targets
         if targets is None:
             return []
@@ -209,20 +222,25 @@ class TelemetrySampler:
         # Asked of the due jobs' connections only: a job sampled every 5 ms would otherwise
         # make every round go over every connection of every job.
         scope = [target.key for _, conns in due for target in conns]
-        busy, sending, pushing = self.tracker.watch_state(scope)
+        busy, sending, pushing, unseen = self.tracker.watch_state(scope)
         for job in sending:
             self._first_busy.setdefault(job, round_at)
         intervals = {}
         stretch_to: dict[str, float] = {}
         for job, conns in due:
-            gaps = self.tracker.answer_gaps(job)
+            gaps = self.tracker.answer_gaps(job) or self.tracker.idle_gaps(job)
             intervals[job] = interval = self._interval(job, due_by, gaps)
             if gaps and job not in self.tracker.collective:  # a ring's gaps are its steps'
                 stretch_to[job] = min(gaps) * STRETCH_MAX / GAP_SAMPLES
             # The job's own rounds: another job sampled faster adds rounds, and a count
             # shared with it could keep meeting this job on the same residues.
             turn = self._turns[job] = self._turns.get(job, 0) + 1
-            if job in busy or job not in self._known_jobs or interval < self.interval_s:
+            if (
+                job in busy
+                or job not in self._known_jobs
+                or interval < self.interval_s
+                or (unseen and any(target.key in unseen for target in conns))
+            ):
                 chosen = conns
             elif not (watch := [target for target in conns if target.key in pushing]):
                 # None has pushed yet: each once every FULL_ROUND_EVERY, spread over them.
@@ -240,6 +258,13 @@ class TelemetrySampler:
         if gone:  # closed since the last scan
             present = {job: keys - gone for job, keys in present.items()}
         same_present = present is self._present
+        if not same_present:
+            # Connections that appear restart a job's start (its workers connect at their
+            # rendezvous, long after the job's first connection: a launcher's, a store's).
+            previous = self._present or {}
+            for job, job_keys in present.items():
+                if not job_keys <= previous.get(job, set()):
+                    self._first_seen[job] = now
         self._present = present
         samples = [(job, key, info) for (job, key), info in zip(keys, infos, strict=True) if info]
         ends = _push_ends(samples)
@@ -282,7 +307,7 @@ class TelemetrySampler:
 
     def _interval(self, job: str, now: float, gaps: list[float]) -> float:
         """How long until `job` is sampled again (see the module doc); `gaps`: its answer
-        gaps (tracker.answer_gaps)."""
+        gaps, or its idle times (tracker.answer_gaps, idle_gaps)."""
         if gaps:
             interval = min(gaps) / GAP_SAMPLES
         elif (
@@ -385,9 +410,9 @@ def _push_ends(samples: list[tuple[str, str, TcpInfo]]) -> dict[str, float]:
     """Per job with a push in flight: how soon the first of its pushes should end."""
     ends: dict[str, float] = {}
     for job, _, info in samples:
-        if info.unacked == 0 and info.notsent_bytes == 0:
-            continue
-        left = info.notsent_bytes + max(0, info.bytes_sent - info.bytes_acked)
+        if (info.unacked == 0 and info.notsent_bytes == 0) or tail_only(info):
+            continue  # done (but for a small message after it, its ACK held back)
+        left = info.notsent_bytes + info.outstanding
         end = left / info.delivery_rate if info.delivery_rate > 0 else math.inf
         ends[job] = min(ends.get(job, math.inf), end)
     return {job: end for job, end in ends.items() if math.isfinite(end)}

@@ -17,8 +17,10 @@ round in which none of its connections was busy. A completion belongs to the ope
 unless its connection already completed there, or a quiet round fell between the open
 iteration's first push (the earliest start_by) and this push's start (its start_after). While
 sampling is under half the compute time, a quiet round falls between any two iterations. An
-iteration closes when every connection of the job has completed in it, when the next one
-begins, or when the job ends.
+iteration closes when every connection of the job that pushes has completed in it (every
+connection, until one iteration has closed), when the next one begins, or when the job ends.
+The job's first iteration watched whole (every connection seen idle before it began) is
+reported without a period; one seen in part only anchors the next one's period.
 
 Workers *answer* on the connection a push came on: their gradient (gloo, the synthetic
 job), an RPC's response (torch.distributed.rpc), the next request (TensorFlow's reads and
@@ -32,12 +34,14 @@ connection that has answered since begins the next iteration, and so does a push
 started after every push of the open iteration had been answered (a synchronous PS pushes
 again only then; gloo pushes to the next worker in line before the first answers). Such an
 iteration closes once every connection that pushes has completed in it and answered. This
-holds once every connection that pushes has answered (what closes before is held, then
-dropped); where one pushes for ONE_WAY_AFTER_S without answering (the TensorFlow PS job
-answers on some of its pushing connections only), quiet rounds group the pushes. What
-was grouped before the job's first answer is dropped (a job with no answer ONE_WAY_AFTER_S
-after its first push is grouped by quiet rounds, its iterations so far reported then). The
-sampler keeps each job's sampling interval under the gaps before its answers (sampler.py).
+holds once every connection that pushes has answered; until then quiet rounds group the
+pushes, what they close is held, and the completions are kept: once every connection has
+answered they are regrouped by the answers, and what that closes is reported (none of a
+job's first iterations is lost to the decision, however late its answers come). Where one
+connection pushes for ONE_WAY_AFTER_S without answering (the TensorFlow PS job answers on
+some of its pushing connections only), or no worker answers by then, quiet rounds group the
+pushes, and what was held is reported. The sampler keeps each job's sampling interval under
+the gaps before its answers (sampler.py).
 
 A collective job's ranks (a ring all-reduce) send each iteration in steps on the same
 connection (reduce-scatter, then all-gather), their peers' steps arriving in between: a sample
@@ -83,10 +87,15 @@ frame read at the push's last byte is the receiver's, not an answer."""
 ONE_WAY_AFTER_S = 1.0
 """A job none of whose workers answered this long after its first push completed does not
 answer (its pushes are grouped by quiet rounds)."""
-ANSWERS_KEPT = 4
-TAIL_BYTES = 256
+ANSWERS_KEPT = 32
+"""Answers remembered per connection: enough to regroup a job's first second of pushes by
+them once the grouping is decided (see `_regroup`)."""
+UNDECIDED_KEPT = 1024
+"""Completions remembered per job while its grouping is undecided (to regroup them)."""
+TAIL_BYTES = 1024
 """A control message's size at most, what a push may leave unacknowledged after it (gloo's
-is tens of bytes; a push's own last segment, in flight behind a queue, is most often more)."""
+is tens of bytes; gRPC's trailers after a TensorFlow PS's response ~0.6 KB, their ACK held
+back 40 ms or until the worker's next request)."""
 GAPS_KEPT = 8
 IDLES_KEPT = 9
 """Recent iterations' idle times before remembered per job (see `_step_window`)."""
@@ -114,8 +123,9 @@ class Iteration:
     last_done: float
     connections: int
     push_seconds: float
-    period: float
-    """Since the previous iteration's last completion."""
+    period: float | None
+    """Since the previous iteration's last completion (None: the first measured, whole but
+    with no iteration measured before it)."""
     pushed_bytes: int = 0
     """What the PS pushed to all its workers in this iteration."""
     idle_before_s: float | None = None
@@ -135,6 +145,8 @@ class WatchState(NamedTuple):
     """Jobs with a connection seen sending after it was seen idle: a push began."""
     pushing: set[str]
     """Connections that have completed a push: the ones that show a job's push begin."""
+    unseen: set[str]
+    """Connections never sampled (new): to be sampled with all of their job's."""
 
 
 @dataclass
@@ -145,6 +157,8 @@ class _Connection:
     primed: bool
     """Seen idle at least once: the next push is measured from its start."""
     idle_at: float
+    primed_at: float = math.inf
+    """When first seen idle (-inf: it had never pushed then)."""
     segs_last: int = 0
     busy_at: float | None = None
     pushed: bool = False
@@ -166,7 +180,10 @@ class _Connection:
     """When its latest answers arrived."""
 
     def answered(self, after: float, until: float) -> bool:
-        return any(after < at <= until for at in self.answers)
+        for at in reversed(self.answers):  # in order: the newest at or before `until` decides
+            if at <= until:
+                return at > after
+        return False
 
 
 @dataclass
@@ -189,6 +206,17 @@ class _Job:
     """Its pushes are grouped by the answers now (every connection that pushes answers)."""
     held: list[Iteration] = field(default_factory=list)
     """Closed while `answering` was unknown, by quiet rounds: reported if that was right."""
+    undecided: deque[tuple[Completion, bool]] = field(
+        default_factory=lambda: deque(maxlen=UNDECIDED_KEPT)
+    )
+    """While the grouping is undecided (`answering` unknown, or `deciding`): the completions
+    since, each with whether the job was warming up then, to regroup them by the answers."""
+    undecided_anchor: float | None = None
+    """The last iteration's end before them, where it is known (the period's anchor)."""
+    whole_unanchored: bool = True
+    """While `last_done` is None: the next iteration to close is grouped whole (not begun at
+    part of a push) and is reported, without a period, if every connection was watched from
+    before it began; otherwise it only anchors the next one's period."""
     first_done: float | None = None
     """Its first push's completion (a job with no answer ONE_WAY_AFTER_S later has none)."""
     gaps: deque[float] = field(default_factory=lambda: deque(maxlen=GAPS_KEPT))
@@ -225,10 +253,12 @@ class StragglerTracker:
         busy: set[str] = set()
         sending: set[str] = set()
         pushing: set[str] = set()
+        unseen: set[str] = set()
         connections = self._connections
         for key in connections if keys is None else keys:
             conn = connections.get(key)
             if conn is None:
+                unseen.add(key)
                 continue
             if conn.busy_at is not None:
                 busy.add(conn.job)
@@ -238,13 +268,22 @@ class StragglerTracker:
                 busy.add(conn.job)
             if conn.pushed:
                 pushing.add(key)
-        return WatchState(busy, sending, pushing)
+        return WatchState(busy, sending, pushing, unseen)
 
     def answer_gaps(self, job: str) -> list[float]:
         """The job's recent times from a push's end to its worker's answer (empty: none seen,
         or a job whose workers do not answer on the push connections)."""
         state = self._jobs.get(job)
         return list(state.gaps) if state is not None else []
+
+    def idle_gaps(self, job: str) -> list[float]:
+        """The job's recent idle times before its iterations' pushes (idle_before_s): its
+        workers' compute where they do not answer on the push connections (empty: none
+        measured yet, or a collective job, whose idle times are its steps' as well)."""
+        state = self._jobs.get(job)
+        if state is None or job in self.collective:
+            return []
+        return list(state.idles)
 
     def last_push_end(self, connection: str) -> float | None:
         """When the connection's latest push ended (None: none seen end)."""
@@ -277,10 +316,9 @@ class StragglerTracker:
             if gap is not None:
                 answering = self._jobs.setdefault(job, _Job())
                 if not answering.answering:
-                    # Grouped by the answers from now on; those grouped before by quiet
-                    # rounds are dropped, and the iteration that closes next anchors the period.
-                    answering.answering, answering.last_done = True, None
-                    answering.held.clear()
+                    # Grouped by the answers once every connection that pushes has answered:
+                    # what was grouped before by quiet rounds is regrouped then (`_regroup`).
+                    answering.answering = True
                 if gap >= self._step_window(job, answering):  # not a peer's ring step
                     answering.gaps.append(gap)
         closed: list[Iteration] = []
@@ -296,6 +334,8 @@ class StragglerTracker:
                 ) - earlier.at < self._step_window(job, state):
                     # The same all-reduce's next step.
                     state.open[completion.connection] = _joined(earlier, completion)
+                    state.undecided.clear()  # holds its first part only: not regrouped
+                    state.undecided_anchor = None
                     continue
                 if state.first_done is None:
                     state.first_done = completion.at
@@ -303,6 +343,7 @@ class StragglerTracker:
                     state.answering = False
                     closed.extend(state.held)
                     state.held.clear()
+                    state.undecided.clear()
                 unanswered = self._unanswered_since(state) if state.answering else None
                 by_answers = unanswered is None and bool(state.answering)
                 # Until every connection that pushes has answered (or one has pushed for
@@ -314,13 +355,17 @@ class StragglerTracker:
                     closed.extend(state.held)
                     state.held.clear()
                 if by_answers != state.by_answers:
-                    # Grouped the other way from now on: what was held is dropped, and the
-                    # next close only anchors the period (the last may have ended a part).
-                    state.by_answers, state.last_done = by_answers, None
-                    state.held.clear()
+                    closed.extend(self._regroup(job, state, by_answers))
                 if by_answers:
                     closed.extend(self._place_by_answers(job, state, completion))
                     continue
+                if state.answering is None or state.deciding:
+                    if not state.undecided:  # from the open iteration on
+                        state.undecided.extend((c, state.warming_up) for c in state.open.values())
+                    state.undecided.append((completion, state.warming_up))
+                else:
+                    state.undecided.clear()
+                    state.undecided_anchor = None
                 after, by = state.window
                 if state.open and (
                     completion.connection in state.open
@@ -349,9 +394,7 @@ class StragglerTracker:
                 closed.extend(self._close(job, state))
                 state.idles.clear()
             elif not self._step_may_follow(job, state, now) and (
-                self._answered_in_full(state)
-                if state.by_answers
-                else state.known <= state.open.keys()
+                self._answered_in_full(state) if state.by_answers else self._pushed_in_full(state)
             ):
                 closed.extend(self._close(job, state))
         return closed
@@ -369,6 +412,55 @@ class StragglerTracker:
             closed.extend(state.held)  # it never answered
             self.sent_bytes.pop(job, None)
             self.sent_packets.pop(job, None)
+        return closed
+
+    def _regroup(self, job: str, state: _Job, by_answers: bool) -> list[Iteration]:
+        """The job's pushes grouped the other way from now on. To the answers: the
+        completions since the grouping was undecided are regrouped by them, and the
+        iterations they make are reported now (what quiet rounds grouped meanwhile was held,
+        and is dropped). Away from them (a connection that has not answered joined): the
+        open iteration is the first of those to regroup, and what closes is held."""
+        state.by_answers = by_answers
+        state.held.clear()
+        if not by_answers:
+            # Quiet rounds may end an iteration at a part of a push: no period anchor for them.
+            state.undecided_anchor, state.last_done = state.last_done, None
+            state.whole_unanchored = False
+            state.undecided.clear()
+            state.undecided.extend((c, state.warming_up) for c in state.open.values())
+            return []
+        undecided = list(state.undecided)
+        anchor = state.undecided_anchor
+        state.undecided.clear()
+        state.undecided_anchor = None
+        if not undecided:
+            if state.open or state.last_done is not None:
+                # Grouped by quiet rounds: its pushes may be parts. It anchors only.
+                state.last_done, state.whole_unanchored = None, False
+            return []
+        # Answers are kept ANSWERS_KEPT per connection: regroup only where all are known.
+        horizon = max(
+            (
+                conn.answers[0]
+                for key in state.known
+                if (conn := self._connections.get(key)) is not None
+                and len(conn.answers) == ANSWERS_KEPT
+            ),
+            default=-math.inf,
+        )
+        kept = [(c, warming) for c, warming in undecided if c.at > horizon]
+        # Kept whole from an iteration's start, or else the first regrouped one may lack
+        # pushes: it only anchors.
+        state.whole_unanchored = len(kept) == len(undecided) < UNDECIDED_KEPT
+        if not state.whole_unanchored:
+            anchor = None
+        warming_now = state.warming_up
+        state.open, state.window, state.last_done = {}, (-math.inf, math.inf), anchor
+        closed: list[Iteration] = []
+        for completion, warming in kept:
+            state.warming_up = warming
+            closed.extend(self._place_by_answers(job, state, completion))
+        state.warming_up = warming_now
         return closed
 
     def _place_by_answers(self, job: str, state: _Job, completion: Completion) -> list[Iteration]:
@@ -434,6 +526,20 @@ class StragglerTracker:
             for key, done in state.open.items()
         )
 
+    def _pushed_in_full(self, state: _Job) -> bool:
+        """Every connection that pushes (or is pushing now) has completed in the open
+        iteration -- once an iteration has closed, so that which push is known; before, every
+        connection (one that has not pushed yet may be next in line). A connection that never
+        pushes (TensorFlow's workers' others, a store's) would keep it open until the next
+        began, the job's last one until the job ended."""
+        if state.last_done is None:
+            return state.known <= state.open.keys()
+        return all(
+            key in state.open
+            for key in state.known
+            if (conn := self._connections[key]).pushed or conn.busy_at is not None
+        )
+
     def _answered_in_full(self, state: _Job) -> bool:
         """Every connection that pushes (or is pushing now: one that has not pushed before
         may be next in line) has completed in the open iteration and answered."""
@@ -446,6 +552,14 @@ class StragglerTracker:
             self._connections[key].answered(done.at, math.inf)
             for key, done in state.open.items()
             if key in self._connections
+        )
+
+    def _watched_since(self, state: _Job, at: float) -> bool:
+        """Every connection of the job was seen idle by `at`: whatever any pushed since was
+        measured from its start."""
+        return all(
+            (conn := self._connections.get(key)) is not None and conn.primed_at <= at
+            for key in state.known
         )
 
     def _update_membership(self, state: _Job, keys: set[str]) -> None:
@@ -464,9 +578,12 @@ class StragglerTracker:
         state = self._connections.get(key)
         idle = info.unacked == 0 and info.notsent_bytes == 0
         if state is None:
+            primed_at = now if idle else math.inf
+            if idle and info.bytes_acked < self.min_push_bytes:
+                primed_at = -math.inf  # has never pushed: none of its pushes was missed
             self._connections[key] = _Connection(
                 job, info.bytes_acked, info.bytes_acked, idle, idle_at=now,
-                segs_last=info.data_segs_out, recv_mark=info.bytes_received,
+                primed_at=primed_at, segs_last=info.data_segs_out, recv_mark=info.bytes_received,
             )  # fmt: skip
             return None, None
         if info.bytes_acked > state.acked_last:
@@ -477,6 +594,14 @@ class StragglerTracker:
                 self.sent_packets.get(job, 0) + info.data_segs_out - state.segs_last
             )
         state.segs_last = info.data_segs_out
+        if not idle and tail_only(info):
+            # Only a small message after the push unacknowledged, its ACK held back (gRPC's
+            # trailers wait 40 ms, or for the worker's next request): idle once seen so in a
+            # second round (a push written in parts pauses so for an instant at most), and
+            # while it lasts; else the next push would follow with no idle gap seen.
+            idle = (state.tail is not None and state.tail[1] == info.bytes_acked) or (
+                state.busy_at is None and info.bytes_acked == state.acked_when_idle
+            )
         answered_before = state.last_done
         answer_at = None
         if info.bytes_received - state.recv_mark >= ANSWER_MIN_BYTES:
@@ -490,11 +615,7 @@ class StragglerTracker:
         else:
             if state.busy_at is None:
                 state.busy_at = now
-            if (
-                info.unacked <= 1
-                and info.notsent_bytes == 0
-                and info.bytes_sent - info.bytes_acked <= TAIL_BYTES
-            ):
+            if tail_only(info):
                 state.tail = (now - info.last_ack_recv_ms / 1000.0, info.bytes_acked)
         if answer_at is None:
             return completion, None
@@ -502,6 +623,8 @@ class StragglerTracker:
             answered_before = completion.at  # the answer to the push that just ended
         if answered_before is None or answer_at <= answered_before + ANSWER_AFTER_S:
             return completion, None
+        if state.answers:  # kept in order (`answered`): the kernel's times are to the ms
+            answer_at = max(answer_at, state.answers[-1])
         state.answers.append(answer_at)
         # Only a connection that pushes makes its job one whose workers answer: a framework
         # may answer elsewhere (TensorFlow's coordinator), its pushes then grouped as before.
@@ -517,7 +640,7 @@ class StragglerTracker:
         if tail is not None and info.bytes_acked - tail[1] < TAIL_BYTES:
             at = min(at, tail[0])  # a small message after the push, acked later
         if not state.primed:  # first seen mid-push: that push's start is unknown
-            state.primed = True
+            state.primed, state.primed_at = True, now
             state.last_done = at  # but its answer is one
             state.pushed = grown >= self.min_push_bytes
             return None
@@ -544,16 +667,21 @@ class StragglerTracker:
         started_after, started_by = state.window
         state.open = {}
         state.window = (float("-inf"), float("inf"))
-        if state.warming_up or state.last_done is None:
-            # Warming up, or the first iteration after: connections primed during it may
-            # have had their push there unmeasured. It only marks where the next period starts.
-            state.last_done = max(c.at for c in done) if not state.warming_up else None
+        if state.warming_up:
+            # Connections primed during it may have had their push there unmeasured.
+            state.last_done, state.whole_unanchored = None, True
             return []
         first = min(c.at for c in done)
         last = max(c.at for c in done)
+        before = state.last_done
+        if before is None and not (
+            state.whole_unanchored and self._watched_since(state, started_after)
+        ):
+            state.last_done = last  # it only marks where the next period starts
+            return []
         idle = None
-        if math.isfinite(started_after) and math.isfinite(started_by):
-            idle = max(0.0, _began(started_after, started_by) - state.last_done)
+        if before is not None and math.isfinite(started_after) and math.isfinite(started_by):
+            idle = max(0.0, _began(started_after, started_by) - before)
             state.idles.append(idle)
         iteration = Iteration(
             job=job,
@@ -561,7 +689,7 @@ class StragglerTracker:
             last_done=last,
             connections=len(done),
             push_seconds=last - min(c.started_at for c in done),
-            period=last - state.last_done,
+            period=last - before if before is not None else None,
             pushed_bytes=sum(c.pushed_bytes for c in done),
             idle_before_s=idle,
         )
@@ -588,6 +716,12 @@ def _joined(first: Completion, rest: Completion) -> Completion:
         start_after=first.start_after,
         start_by=first.start_by,
     )
+
+
+def tail_only(info: TcpInfo) -> bool:
+    """Nothing left to send and at most TAIL_BYTES in one segment unacknowledged: the push
+    done but for a small message after it (the sampler's too)."""
+    return info.unacked <= 1 and info.notsent_bytes == 0 and info.outstanding <= TAIL_BYTES
 
 
 def _delivered_at(now: float, info: TcpInfo) -> float:

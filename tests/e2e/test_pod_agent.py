@@ -198,20 +198,18 @@ def test_a_real_pytorch_ps_in_a_pod_is_found_shaped_and_measured(
     assert all(len(times) == iterations for times in received)
     assert summary["model_bytes"] == model_bytes(hidden)
     seen_at = [item["last_done_monotonic"] for item in seen if isinstance(item, dict)]
-    # Measured: 10 of 12 in 4 of 4 runs, the 2 of warm-up missing (met mid-push, then the
-    # period's anchor). Before the sampler stopped watching the TCPStore's idle connections
-    # between pushes, 7 or 8: iterations passed unseen. On the slower VM of 2026-11-27, 7-10
-    # in 13 runs of the code before and after that day's changes, the ones lost always the
-    # first (up to 5): an open bug (docs/testing.md). Asserted: none missed once the first
-    # was seen (ends 60-80 ms after the workers' logs on this path; iterations 0.5 s apart),
-    # and at least half seen.
+    # Measured: 11 of 12 in 3 of 3 runs, the first lost (discovery finds gloo's data
+    # connections as they start pushing, ~10 s after the job's store connection). Before new
+    # connections were sampled at once and the first whole iteration was reported, 7-10 of
+    # 12 (docs/testing.md). Asserted: at most 2 lost, and none once the first was seen (ends
+    # 60-80 ms after the workers' logs on this path; iterations 0.5 s apart).
     ends = [max(times) for times in zip(*received, strict=True)]
     missed = [
         end
         for end in ends
         if seen_at and end > seen_at[0] - 0.2 and all(abs(end - at) > 0.2 for at in seen_at)
     ]
-    assert len(seen) >= iterations // 2 and not missed, (
+    assert len(seen) >= iterations - 2 and not missed, (
         f"saw {len(seen)} of {iterations}, missed {missed} after the first; worker 1 received "
         f"at {received[0]}; the agent saw iterations end at {seen_at}"
     )

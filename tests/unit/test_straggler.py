@@ -24,6 +24,8 @@ class FakeConnection:
     pushes: list[tuple[float, float]]  # (start, done) of each push
     answers: list[float] = field(default_factory=list)
     """When the worker's answers (gradients) arrived; none: a PS that only pushes."""
+    chatter_until: float = 0.0
+    """Its answers until then are a few bytes each (not seen as answers)."""
 
     def info(self, now: float) -> TcpInfo:
         done = [p for p in self.pushes if p[1] <= now]
@@ -43,7 +45,7 @@ class FakeConnection:
             last_ack_recv_ms=round((now - last_ack) * 1000),
             rtt_us=100,
             bytes_acked=acked,
-            bytes_received=GRADIENT * len(answered),
+            bytes_received=sum(GRADIENT if at > self.chatter_until else 64 for at in answered),
             segs_out=0,
             notsent_bytes=0,
             data_segs_out=len(done),
@@ -103,13 +105,16 @@ def test_spread_and_period_match_the_pushes_to_the_millisecond() -> None:
     connections = job_pushes(len(lags), lags)
     iterations = run(connections, until=20)
     truth_last = [max(c.pushes[k][1] for c in connections) for k in range(len(lags))]
-    # The first iteration anchors the period (it started before tracking was primed).
-    assert len(iterations) == len(lags) - 1
-    for k, iteration in enumerate(iterations, start=1):
+    # Every one, the first without a period (none measured before it).
+    assert len(iterations) == len(lags)
+    assert iterations[0].period is None and iterations[0].idle_before_s is None
+    for k, iteration in enumerate(iterations):
         assert iteration.spread == pytest.approx(max(lags[k]) - min(lags[k]), abs=0.0015)
         assert iteration.last_done == pytest.approx(truth_last[k], abs=0.0015)
-        assert iteration.period == pytest.approx(truth_last[k] - truth_last[k - 1], abs=0.002)
         assert iteration.connections == 3
+        if k:
+            period = truth_last[k] - truth_last[k - 1]
+            assert iteration.period == pytest.approx(period, abs=0.002)
 
 
 @settings(max_examples=40, deadline=None)
@@ -122,8 +127,8 @@ def test_any_stragglers_with_compute_over_twice_the_sampling_are_measured(
 ) -> None:
     connections = job_pushes(len(lags), lags, compute=compute)
     iterations = run(connections, until=30)
-    assert len(iterations) == len(lags) - 1
-    for k, iteration in enumerate(iterations, start=1):
+    assert len(iterations) == len(lags)
+    for k, iteration in enumerate(iterations):
         assert iteration.spread == pytest.approx(max(lags[k]) - min(lags[k]), abs=0.0015)
 
 
@@ -144,9 +149,9 @@ def test_pushes_sent_one_worker_after_the_other_are_one_iteration(
     for c in connections:
         c.pushes = [(start + phase, end + phase) for start, end in c.pushes]
     iterations = run(connections, until=20)
-    assert len(iterations) == 7, [(it.first_done, it.connections) for it in iterations]
+    assert len(iterations) == 8, [(it.first_done, it.connections) for it in iterations]
     assert all(it.connections == workers for it in iterations)
-    for k, iteration in enumerate(iterations, start=1):
+    for k, iteration in enumerate(iterations):
         last = max(c.pushes[k][1] for c in connections)
         first = min(c.pushes[k][1] for c in connections)
         assert iteration.last_done == pytest.approx(last, abs=0.0015)
@@ -178,8 +183,9 @@ def test_connections_first_seen_mid_push_are_not_measured_for_that_push() -> Non
         )
         now = round(now + 0.1, 6)
     closed += tracker.observe(now, [])  # ended (within a second of its first push)
-    # iteration 0: unknown start; iteration 1: anchors the period; then 2 and 3 are measured.
-    assert [round(it.spread, 3) for it in closed] == [0.05, 0.05]
+    # Iteration 0: its start unknown; 1, watched whole, has no period; then 2 and 3.
+    assert [round(it.spread, 3) for it in closed] == [0.05, 0.05, 0.05]
+    assert closed[0].period is None and None not in [it.period for it in closed[1:]]
 
 
 def test_gone_job_closes_its_open_iteration_and_forgets_its_bytes() -> None:
@@ -202,6 +208,8 @@ def test_idle_time_before_each_push_is_the_compute_however_long_the_push_queues(
         lags = [[0.0, 0.0]] * 8
         iterations = run(job_pushes(len(lags), lags, compute=0.3, push=push), until=20)
         idles = [it.idle_before_s for it in iterations]
+        assert idles[0] is None  # no iteration before the first
+        idles = idles[1:]
         assert idles and all(idle is not None for idle in idles)
         # The push start is known to within a sample (0.1 s): its middle is within 0.05 s.
         assert all(abs(idle - 0.3) <= 0.051 for idle in idles if idle is not None), idles
@@ -280,15 +288,37 @@ def test_answered_pushes_sampled_fast_are_grouped_into_whole_iterations(
         conn.pushes = [(a + phase * every, b + phase * every) for a, b in conn.pushes]
         conn.answers = [at + phase * every for at in conn.answers]
     iterations = run(connections, until=truth[-1][-1] + 2, every=every)
-    # Iteration 0 (or 0 and 1, as the first answer falls) is grouped before the job is known to
-    # answer; the next anchors the period; every one after is reported.
-    assert len(iterations) in (6, 7), [(it.first_done, it.connections) for it in iterations]
-    for k, iteration in enumerate(iterations, start=8 - len(iterations)):
+    # Every one, those grouped before the job was known to answer regrouped by the answers.
+    assert len(iterations) == 8, [(it.first_done, it.connections) for it in iterations]
+    for k, iteration in enumerate(iterations):
         had = [at + phase * every for at in truth[k]]
         assert iteration.connections == workers
         assert iteration.last_done == pytest.approx(max(had), abs=0.0015)
         assert iteration.spread == pytest.approx(max(had) - min(had), abs=0.0015)
         assert iteration.pushed_bytes == workers * parts * MODEL
+
+
+@pytest.mark.parametrize("late", [1, 3, 5])
+def test_iterations_before_the_last_worker_is_seen_answering_are_regrouped_not_lost(
+    late: int,
+) -> None:
+    """Until every connection that pushes has answered, quiet rounds group the pushes -- at
+    gloo's one-after-the-other pushes sampled fast, wrongly. One worker's first answers go
+    unseen (on a loaded host they come late): once it is seen, its job's iterations so far
+    are regrouped by the answers, and none is lost."""
+    compute = 0.05
+    connections, truth = answering_job(8, 3, compute, 0.02, serial=True)
+    connections[2].chatter_until = truth[late - 1][2] + compute
+    iterations = run(connections, until=truth[-1][-1] + 2, every=compute / 3)
+    assert len(iterations) == 8, [(it.first_done, it.connections) for it in iterations]
+    assert iterations[0].period is None
+    for k, iteration in enumerate(iterations):
+        assert iteration.connections == 3
+        assert iteration.last_done == pytest.approx(max(truth[k]), abs=0.0015)
+        assert iteration.spread == pytest.approx(max(truth[k]) - min(truth[k]), abs=0.0015)
+        if k:
+            period = max(truth[k]) - max(truth[k - 1])
+            assert iteration.period == pytest.approx(period, abs=0.002)
 
 
 def sample(**fields: int) -> TcpInfo:
@@ -337,8 +367,8 @@ def test_answers_on_a_connection_that_never_pushes_do_not_change_the_grouping() 
     connections = job_pushes(len(lags), lags)
     coordinator = FakeConnection([], answers=[1.2 + 0.5 * k for k in range(40)])
     iterations = run([*connections, coordinator], until=20)
-    assert len(iterations) == len(lags) - 1
-    for k, iteration in enumerate(iterations, start=1):
+    assert len(iterations) == len(lags)
+    for k, iteration in enumerate(iterations):
         assert iteration.spread == pytest.approx(max(lags[k]) - min(lags[k]), abs=0.0015)
         assert iteration.connections == 3
 
