@@ -86,10 +86,19 @@ def test_the_agent_rotates_the_light_between_pods_behind_vxlan(
         slots = dominant_slots(result["flows"])[2:-1]
         steady = [s for i, s in enumerate(slots) if 0 < i < len(slots) - 1
                   and slots[i - 1][0] == s[0] == slots[i + 1][0]]  # fmt: skip
-        assert len(steady) >= 8, slots
+        # Every slot in full on a failure (a list is cut short in pytest's report): one slot
+        # under the floor was seen once in CI, cause unknown (docs/testing.md).
+        link = LINK_BYTES_PER_S * interval
+        shown = "\n".join(
+            f"{top} {share:.0%} of the slot, {total / link:.3f} of the link"
+            for top, share, total in slots
+        )
+        assert len(steady) >= 8, shown
         for _top, share, total in steady:
-            assert share >= 0.85 and total >= 0.85 * LINK_BYTES_PER_S * interval, slots
-        assert {top for top, _, _ in steady} == set(targets), slots
+            assert share >= 0.85 and total >= 0.85 * link, (
+                f"{shown}\nagent log:\n{agent.log_text()[-3000:]}"
+            )
+        assert {top for top, _, _ in steady} == set(targets), shown
         turns = [len(list(run)) for _, run in itertools.groupby(top for top, _, _ in slots)]
         assert len(turns) >= 5 and all(3 <= n <= 5 for n in turns[1:-1]), (turns, slots)
 
