@@ -526,6 +526,14 @@ class StragglerTracker:
             for key, done in state.open.items()
         )
 
+    def _pushing(self, state: _Job) -> set[str]:
+        """The job's connections that push: have pushed before, or are pushing now."""
+        return {
+            key
+            for key in state.known
+            if (conn := self._connections[key]).pushed or conn.busy_at is not None
+        }
+
     def _pushed_in_full(self, state: _Job) -> bool:
         """Every connection that pushes (or is pushing now) has completed in the open
         iteration -- once an iteration has closed, so that which push is known; before, every
@@ -534,21 +542,12 @@ class StragglerTracker:
         began, the job's last one until the job ended."""
         if state.last_done is None:
             return state.known <= state.open.keys()
-        return all(
-            key in state.open
-            for key in state.known
-            if (conn := self._connections[key]).pushed or conn.busy_at is not None
-        )
+        return self._pushing(state) <= state.open.keys()
 
     def _answered_in_full(self, state: _Job) -> bool:
         """Every connection that pushes (or is pushing now: one that has not pushed before
         may be next in line) has completed in the open iteration and answered."""
-        pushing = {
-            key
-            for key in state.known
-            if (conn := self._connections[key]).pushed or conn.busy_at is not None
-        }
-        return pushing <= state.open.keys() and all(
+        return self._pushing(state) <= state.open.keys() and all(
             self._connections[key].answered(done.at, math.inf)
             for key, done in state.open.items()
             if key in self._connections
