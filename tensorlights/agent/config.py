@@ -36,6 +36,7 @@ from tensorlights.policy.dscp_plan import (
     nft_interface_problem,
     validate_band_dscp,
 )
+from tensorlights.policy.packing import HORIZON_WINDOWS
 from tensorlights.tls_files import TlsFiles
 from tensorlights.units import parse_rate
 
@@ -137,14 +138,16 @@ class AgentConfig:
     max_slowdown: float = spec.param(
         "max_slowdown",
         read_number,
-        "pack: no job slowed more than this vs running alone, over starvation_window.",
+        "pack: no job slowed more than this vs running alone, over its life so far (at "
+        f"least starvation_window, looking back at most {HORIZON_WINDOWS} of them).",
         default=2.0,
         check=lambda v: math.isfinite(v) and v > 1,
         rule="must be a number above 1",
     )
     starvation_window_s: float = spec.duration_param(
         "starvation_window",
-        "pack: the window the slowdown is measured over.",
+        "pack: the shortest span the slowdown is judged over (a job younger than it is "
+        f"held to its allowance); the guard looks back at most {HORIZON_WINDOWS} of them.",
         120.0,
         low=1.0,
         high=86400.0,

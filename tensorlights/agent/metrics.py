@@ -7,7 +7,6 @@ no pid or port labels, no command lines.
 from __future__ import annotations
 
 import contextlib
-import math
 import threading
 from collections.abc import Callable, Iterator
 
@@ -18,6 +17,7 @@ from prometheus_client.registry import Collector
 from tensorlights.agent.reconcile import PassResult
 from tensorlights.model import DiscoverySnapshot
 from tensorlights.policy.bands import PackView
+from tensorlights.policy.packing import HORIZON_WINDOWS
 from tensorlights.policy.tc_plan import FIRST_BAND_MINOR, UNMANAGED_MINOR
 from tensorlights.telemetry.straggler import Iteration
 
@@ -119,14 +119,16 @@ class AgentMetrics:
         )
         self.job_lag = Gauge(
             "tensorlights_job_lag_seconds",
-            "Policy pack: time each job lost to waiting over the starvation window.",
+            "Policy pack: time each job lost to waiting over its life so far (at least the "
+            f"starvation window, at most {HORIZON_WINDOWS} of them).",
             [JOB_LABEL],
             registry=registry,
         )
-        self.lag_allowed = Gauge(
-            "tensorlights_lag_allowed_seconds",
-            "Policy pack: the lag past which a job is slowed more than max_slowdown "
-            "(NaN under other policies).",
+        self.job_lag_allowed = Gauge(
+            "tensorlights_job_lag_allowed_seconds",
+            "Policy pack: the lag past which the job is slowed more than max_slowdown over "
+            "that span.",
+            [JOB_LABEL],
             registry=registry,
         )
         self.process_events = Gauge(
@@ -248,14 +250,16 @@ class AgentMetrics:
         self._unshapeable = unshapeable
 
     def observe_lags(self, pack: PackView | None) -> None:
-        """pack's guard: every job's lag and the allowance (no series under other policies)."""
+        """pack's guard: every job's lag and its allowance (no series under other policies)."""
         lags = pack.lag_s if pack is not None else {}
+        allowed = pack.lag_allowed_s if pack is not None else {}
         for job in self._jobs_with_lag - lags.keys():
             self.job_lag.remove(job)
+            self.job_lag_allowed.remove(job)
         for job, lag in lags.items():
             self.job_lag.labels(job).set(lag)
+            self.job_lag_allowed.labels(job).set(allowed[job])
         self._jobs_with_lag = set(lags)
-        self.lag_allowed.set(pack.lag_allowed_s if pack is not None else math.nan)
 
     def observe_failure(self, kind: str) -> None:
         self.errors.labels(kind).inc()

@@ -145,7 +145,7 @@ def _pack(view: PackView, loads: Mapping[str, JobLoad]) -> dict[str, Any]:
         "bound_aimed_for": view.bound_aimed_for,
         "promoted_lag_s": dict(view.promoted_lag_s),
         "lag_s": dict(view.lag_s),
-        "lag_allowed_s": view.lag_allowed_s,
+        "lag_allowed_s": dict(view.lag_allowed_s),
         "loads": {
             job: {
                 "demand": load.demand,

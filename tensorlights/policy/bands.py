@@ -8,7 +8,8 @@ Policies:
   pack    (the default) uses what the host measures (policy/packing.py): jobs ordered by
           link demand measured on top, smallest first, so those that fit on the link together
           run at their standalone speed; a starvation bound promotes any job slowed down more than
-          `max_slowdown` over `starvation_window`; the order changes only between the green
+          `max_slowdown` over its life so far (at least `starvation_window`, looking back at
+          most HORIZON_WINDOWS of them); the order changes only between the green
           job's pushes (at an iteration boundary), never mid-push.
 
 Folding N jobs into the K PS bands (0 .. K-1; the unmanaged class has its own band after
@@ -103,12 +104,10 @@ class PackView:
     promoted_lag_s: Mapping[str, float]
     """Jobs promoted for the bound, with their lag (seconds)."""
     lag_s: Mapping[str, float] = field(default_factory=dict)
-    """Every job's time lost to waiting over the window (seconds)."""
-
-    @property
-    def lag_allowed_s(self) -> float:
-        """The lag past which a job's slowdown over the window exceeds max_slowdown."""
-        return (1 - 1 / self.max_slowdown) * self.window_s
+    """Every job's time lost to waiting over the span judged (seconds): its life so far, at
+    least the window, at most HORIZON_WINDOWS of them (packing.StarvationGuard)."""
+    lag_allowed_s: Mapping[str, float] = field(default_factory=dict)
+    """Every job's lag past which its slowdown over that span exceeds max_slowdown."""
 
 
 @dataclass
@@ -250,6 +249,10 @@ class BandPolicy:
             bound_aimed_for=self._guard.effective_bound,
             promoted_lag_s=self.promoted,
             lag_s=dict(self._guard.lags),
+            lag_allowed_s={
+                job: self._guard.allowed(self.max_slowdown, span)
+                for job, span in self._guard.spans.items()
+            },
         )
 
     def _track(self, jobs: set[str] | frozenset[str], now: float) -> None:

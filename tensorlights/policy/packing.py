@@ -43,9 +43,10 @@ held no place before: whichever job a host saw push first went ahead, so hosts d
 alone each put a different job of c1's two green (DDP's rendezvous and first broadcast
 reach each rank's host at a different time).
 
-Starvation bound (StarvationGuard): a job whose time lost to waiting over the last
-`window_s` approaches what `max_slowdown` allows is promoted to the front (most behind
-first) until it has caught up.
+Starvation bound (StarvationGuard): a job whose time lost to waiting over its life so far
+(at least `window_s`, at most the last HORIZON_WINDOWS windows) approaches what
+`max_slowdown` allows is promoted to the front until it has caught up; a job promoted stays
+ahead of those promoted after it.
 """
 
 from __future__ import annotations
@@ -72,6 +73,14 @@ UNHINDERED_SLACK_S = 0.02
 this many times its link time, plus this slack (TCP's slow start after the compute), ran
 unhindered: nothing held it back, and its idle before is the job's own compute. Real jobs
 on top measure 1.0-1.3x; held in a lower band, 3-6x."""
+HORIZON_WINDOWS = 4
+"""The guard judges a job's slowdown over its life so far, looking back at most this many
+windows. Judged over each window alone, a job that had run at full speed for minutes was
+promoted after half a window of waiting, however much of its bound it had left: where jobs
+outlive the window, pack paid 9-23% of average JCT over TL-One and the prototype's 20 s
+rotation to keep a bound the jobs' completion times did not need (docs/benchmarks.md,
+`--scale 3`). The cap bounds how long a job that ran ahead can be made to wait: at most
+PROMOTE_AT x (1 - 1/max_slowdown) x this many windows (192 s at 2x and the 120 s default)."""
 MEASURE_GRACE_S = 10.0
 """An unmeasured job keeps its place in pack's order this long after it appeared; past it,
 a job still without a demand (traffic that is not iterative) goes behind the measured."""
@@ -157,22 +166,29 @@ def job_load(
 
 @dataclass
 class StarvationGuard:
-    """Keeps every job's slowdown over any `window_s` under `max_slowdown` (F).
+    """Keeps every job's slowdown under `max_slowdown` (F), judged over its life so far.
 
-    A job present for `present` seconds of the window that completed `done` iterations of
-    standalone period P has lost lag = present - done x P to waiting; over a full window its
-    slowdown is W / (W - lag), which stays <= F while lag <= (1 - 1/F) x W. The guard promotes
-    a job once its lag in the window passes PROMOTE_AT of that (it acts before the bound is
-    reached) and releases it when the lag is back under RELEASE_AT of it (its waiting has
-    left the window). A job never measured (no completed iteration: starved from its start)
-    has lag = present. A job younger than the window is held to the same allowance: its
-    first seconds of waiting are not starvation yet. A job is present from its first push,
-    or once measured, from when its iterations began (its first measured count back at the
-    standalone period): a framework's start-up between its first bytes (rendezvous, the
-    first broadcast of the model) and its first iteration is no waiting (unless the job was
-    promoted meanwhile: then it was). Counted, it was 8-10 s of a DDP job's lag in c1, and
-    a host that saw the first bytes earlier promoted the waiting job alone, its ring green
-    there and waiting on the other three hosts.
+    A job that has been iterating for `present` seconds of the span judged (its life, at most
+    the last HORIZON_WINDOWS x `window_s`) and completed `done` iterations of standalone
+    period P in it has lost lag = present - done x P to waiting; its slowdown over the span is
+    S / (S - lag), which stays <= F while lag <= (1 - 1/F) x S. The guard promotes a job once
+    its lag passes PROMOTE_AT of that (it acts before the bound is reached) and releases it
+    when the lag is back under RELEASE_AT of it. A job younger than the window is held to the
+    window's allowance: its first seconds of waiting are not starvation yet. A job never
+    measured (no completed iteration: starved from its start) has lag = present.
+
+    A job promoted stays ahead of those that become candidates after it until it is
+    released. Re-sorted by lag at every evaluation, the jobs behind traded the top band at
+    every push, each catching up a push's worth on the others: processor sharing, which
+    finished all five equal jobs of (f) together and late (78 s simulated against the
+    prototype's 66 s, `--scale 3`); held, they take turns of many iterations (67 s).
+
+    A job is present from its first push, or once measured, from when its iterations began
+    (its first measured count back at the standalone period): a framework's start-up between
+    its first bytes (rendezvous, the first broadcast of the model) and its first iteration
+    is no waiting (unless the job was promoted meanwhile: then it was). Counted, it was 8-10 s
+    of a DDP job's lag in c1, and a host that saw the first bytes earlier promoted the
+    waiting job alone, its ring green there and waiting on the other three hosts.
     """
 
     max_slowdown: float
@@ -183,22 +199,33 @@ class StarvationGuard:
     _iterating_since: dict[str, float] = field(default_factory=dict)
     """When each measured job's iterations began, as of its first measurement."""
     promoted: dict[str, float] = field(default_factory=dict)
-    """Promoted job -> its lag (seconds) when last judged."""
+    """Promoted job -> its lag (seconds) when last judged, in the order promoted."""
     effective_bound: float = 0.0
     """The bound aimed for at the last update (see feasible_bound)."""
     lags: dict[str, float] = field(default_factory=dict)
     """Every job's lag (seconds) when last judged."""
+    spans: dict[str, float] = field(default_factory=dict)
+    """Every job's span judged (seconds) when last judged: the window at least."""
+
+    @property
+    def horizon_s(self) -> float:
+        return HORIZON_WINDOWS * self.window_s
+
+    def span(self, job: str, now: float) -> float:
+        """The time judged: the job's life so far, at least the window, at most the horizon."""
+        opened = self._iterating_since.get(job, self._first_seen.get(job, now))
+        return min(max(now - opened, self.window_s), self.horizon_s)
 
     def lag(self, job: str, now: float, load: JobLoad | None) -> float:
-        """Time lost to waiting over the window ending now."""
+        """Time lost to waiting over the span judged, ending now."""
         opened = self._iterating_since.get(job, self._first_seen.get(job, now))
-        present = now - max(opened, now - self.window_s)
+        start = now - self.horizon_s
+        present = now - max(opened, start)
         if load is None:
             return present
         # Iterations are counted from when the agent began to track the job, i.e. from its
-        # arrival (or the agent's start): the count at the window's start is the sample kept
-        # at or before it, or 0 when the job arrived within the window.
-        start = now - self.window_s
+        # arrival (or the agent's start): the count at the horizon's start is the sample
+        # kept at or before it, or 0 when the job arrived within the horizon.
         history = self._history.get(job)
         start_n = 0
         if opened <= start and history and history[0][0] <= start:
@@ -211,9 +238,9 @@ class StarvationGuard:
         the last update)."""
         return frozenset(job for job in jobs if now - self._first_seen.get(job, now) < within_s)
 
-    def threshold(self, bound: float) -> float:
-        """The lag allowed in a window at slowdown `bound`, with PROMOTE_AT's margin."""
-        return PROMOTE_AT * (1 - 1 / bound) * self.window_s
+    def allowed(self, bound: float, span_s: float) -> float:
+        """The lag a span of `span_s` allows at slowdown `bound`."""
+        return (1 - 1 / bound) * span_s
 
     def feasible_bound(self, loads: Mapping[str, JobLoad], jobs: set[str]) -> float:
         """The slowdown bound that can be kept: `max_slowdown`, unless the jobs together
@@ -229,7 +256,7 @@ class StarvationGuard:
         jobs: set[str],
         started: frozenset[str] | None = None,
     ) -> None:
-        """`started`: the jobs that have begun to push (None: all). A job's window opens when
+        """`started`: the jobs that have begun to push (None: all). A job's span opens when
         it starts pushing or is measured, not when its processes appear: a framework's
         imports, rendezvous and data loading take seconds to minutes, without traffic."""
         for job in list(self._first_seen):
@@ -239,9 +266,8 @@ class StarvationGuard:
                 self._history.pop(job, None)
                 self.promoted.pop(job, None)
         self.effective_bound = self.feasible_bound(loads, jobs)
-        limit = self.threshold(self.effective_bound)
         candidates: dict[str, float] = {}
-        self.lags = {}
+        self.lags, self.spans = {}, {}
         for job in sorted(jobs):  # ties among the most behind: by name, not by hash order
             if started is None or job in started or job in loads:
                 self._first_seen.setdefault(job, now)
@@ -257,16 +283,21 @@ class StarvationGuard:
                 history = self._history.setdefault(job, deque())
                 if not history or history[-1][1] != load.iterations:
                     history.append((now, load.iterations))
-                # Keep one sample at or before the window's start.
-                while len(history) > 1 and history[1][0] <= now - self.window_s:
+                # Keep one sample at or before the horizon's start.
+                while len(history) > 1 and history[1][0] <= now - self.horizon_s:
                     history.popleft()
             lag = self.lags[job] = self.lag(job, now, load)
+            span = self.spans[job] = self.span(job, now)
+            limit = PROMOTE_AT * self.allowed(self.effective_bound, span)
             if lag > limit or (job in self.promoted and lag >= RELEASE_AT * limit):
                 candidates[job] = lag
-        # Promote only as many as fit on the link together (the most behind first): more
-        # would just share the link and all stay behind. A job never measured counts as a
-        # whole link.
-        behind = sorted(candidates, key=lambda j: -candidates[j])
+        # Those promoted keep their turn (class doc); the others follow, the most behind
+        # first. Only as many as fit on the link together are promoted: more would just
+        # share the link and all stay behind. A job never measured counts as a whole link.
+        held = [job for job in self.promoted if job in candidates]
+        behind = held + sorted(
+            (job for job in candidates if job not in self.promoted), key=lambda j: -candidates[j]
+        )
         demands = {job: loads[job].demand if job in loads else 1.0 for job in behind}
         self.promoted = {job: candidates[job] for job in fits_together(behind, demands)}
 

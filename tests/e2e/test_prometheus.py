@@ -53,10 +53,11 @@ def test_prometheus_scrapes_the_documented_series(pair: netns.HostPair, tmp_path
                 "tensorlights_job_band",
                 "tensorlights_green_seconds_total",
                 "tensorlights_job_lag_seconds",
+                "tensorlights_job_lag_allowed_seconds",
             ):
                 (labels,) = agent_series(f'{name}{{training_job="j1"}}')
                 assert labels["job"] == "tensorlights-agent" and labels["instance"] == METRICS
-            assert agent_series("tensorlights_lag_allowed_seconds > 0")
+            assert agent_series("tensorlights_job_lag_allowed_seconds > 0")
             assert agent_series("tensorlights_controller_configured == 0")  # standalone
             assert agent_series('tensorlights_controller_jobs{job="tensorlights-controller"}')
             # No label of ours was renamed for colliding with one of Prometheus's.
