@@ -32,7 +32,7 @@ from tensorlights.sim.workload import ClusterSpec, PsPlacement
 from tensorlights.units import parse_rate
 
 CALIBRATION_SOURCES = ("results/bench", "results/bench-real", "results/bench-multihost",
-                       "results/bench-long", "results/bench-collective")  # fmt: skip
+                       "results/bench-long-held", "results/bench-collective")  # fmt: skip
 """The benchmark's results on the 2-core VM (bench-gpu ran on another machine)."""
 FIT_SOURCE = "results/bench"
 """Where the TCP ramp is fitted (scenarios a-f, FIFO and fair)."""
