@@ -211,14 +211,17 @@ class StarvationGuard:
     def horizon_s(self) -> float:
         return HORIZON_WINDOWS * self.window_s
 
+    def _opened(self, job: str, now: float) -> float:
+        """When the job's life, as judged, began (class doc)."""
+        return self._iterating_since.get(job, self._first_seen.get(job, now))
+
     def span(self, job: str, now: float) -> float:
         """The time judged: the job's life so far, at least the window, at most the horizon."""
-        opened = self._iterating_since.get(job, self._first_seen.get(job, now))
-        return min(max(now - opened, self.window_s), self.horizon_s)
+        return min(max(now - self._opened(job, now), self.window_s), self.horizon_s)
 
     def lag(self, job: str, now: float, load: JobLoad | None) -> float:
         """Time lost to waiting over the span judged, ending now."""
-        opened = self._iterating_since.get(job, self._first_seen.get(job, now))
+        opened = self._opened(job, now)
         start = now - self.horizon_s
         present = now - max(opened, start)
         if load is None:
