@@ -185,8 +185,9 @@ def main() -> None:
             connections = sum(len(task["connections"]) for task in shaping.discovery["tasks"])
             time.sleep(5)  # warm-up: imports done, caches filled
             young_cpu, young_start = cpu_seconds(agent.pid), time.monotonic()
-            # The PS are young (their descriptors checked every poll) for YOUNG_PS_S after
-            # they were found: measured apart from the steady state that follows.
+            # The PS are young (any change of their descriptors makes a scan, not only more
+            # of them) for YOUNG_PS_S after they were found: measured apart from the steady
+            # state that follows.
             time.sleep(max(0.0, YOUNG_PS_S + 1 - (time.monotonic() - found_at)))
             young_share = (cpu_seconds(agent.pid) - young_cpu) / (time.monotonic() - young_start)
             start_cpu, start = cpu_seconds(agent.pid), time.monotonic()
@@ -235,8 +236,8 @@ def main() -> None:
     by_thread = sorted(threads.items(), key=lambda item: -item[1])
     print("  by thread: " + ", ".join(f"{name} {100 * s / wall:.2f}%" for name, s in by_thread))
     print(
-        f"agent CPU while the PS were young (their first {YOUNG_PS_S:.0f} s, descriptors "
-        f"checked every poll): {100 * young_share:.2f}% of one core"
+        f"agent CPU while the PS were young (their first {YOUNG_PS_S:.0f} s, watched for "
+        f"descriptors closed too): {100 * young_share:.2f}% of one core"
     )
     print(
         f"agent RSS: median {statistics.median(rss):.1f} MiB, max {max(rss):.1f} MiB "

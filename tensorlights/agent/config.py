@@ -223,8 +223,9 @@ class AgentConfig:
     )
     poll_interval_s: float = spec.duration_param(
         "poll_interval",
-        "Cheap checks between scans: descriptors of young PS processes (a new port), and "
-        "without process events new PIDs; a change makes the scan at once.",
+        "Cheap checks between scans: descriptors of PS processes (a young one's new port, "
+        "any one's new connection), and without process events new PIDs; a change makes "
+        "the scan at once.",
         0.1,
         low=0.01,
         high=60.0,

@@ -24,9 +24,11 @@ Each scan:
 
 Between scans, `changed()` tells cheaply whether one is due now: events arrived, a PS younger
 than `YOUNG_PS_S` opened or closed a descriptor, or, until it listens, holds another set of
-socket inodes (its listen() is how a new job's port becomes known), a socket was still
-unbound at the last dump; without events, the PIDs listed differ or a young process
-exec()ed. The agent asks it every `poll_interval` while `polls()`.
+socket inodes (its listen() is how a new job's port becomes known), an older PS holds more
+descriptors than the last scan read (a worker connected: TensorFlow's workers connect to
+their PS at their first step, whose push telemetry would miss at the next scan), a socket was
+still unbound at the last dump; without events, the PIDs listed differ or a young process
+exec()ed. The agent asks it every `poll_interval` while `polls()`: while there is a PS.
 """
 
 from __future__ import annotations
@@ -174,12 +176,9 @@ class Scanner:
     # The scan --------------------------------------------------------------------------
 
     def polls(self) -> bool:
-        """Whether `changed()` is worth asking between scans: without events, or while a PS
-        is young."""
-        if self._live_events() is None:
-            return True
-        horizon = self._clock() - YOUNG_PS_S
-        return any(e.found_at > horizon for e in self._ps_entries)
+        """Whether `changed()` is worth asking between scans: without events, or while there
+        is a PS (one stat of its descriptor table a poll)."""
+        return self._live_events() is None or bool(self._ps_entries)
 
     def changed(self) -> bool:
         """Whether a scan now would find something the last one did not. Cheap: no socket
@@ -206,14 +205,21 @@ class Scanner:
                         return True
         now = self._clock()
         for entry in self._ps_entries:
-            if entry.found_at <= now - YOUNG_PS_S or entry.fds is None:
+            if entry.fds is None:
                 continue
             try:
                 if self._awaits_listener(entry, now):
                     fds = self._proc.fd_sockets(entry.key.pid)
                     if set(fds.values()) != set(entry.fds.values()):
                         return True
-                elif self._proc.fd_count(entry.key.pid) != len(entry.fds):
+                    continue
+                count = self._proc.fd_count(entry.key.pid)
+                if entry.found_at > now - YOUNG_PS_S:
+                    if count != len(entry.fds):
+                        return True
+                elif count > len(entry.fds):
+                    # Only more: a PS that opens and closes files keeps scanning at most
+                    # until a scan has read it at its most (and again after each refresh).
                     return True
             except (ProcessGone, ProcessHidden):
                 return True

@@ -5,6 +5,7 @@ from __future__ import annotations
 import json
 import subprocess
 import sys
+import time
 from collections.abc import Iterator, Mapping
 from pathlib import Path
 
@@ -13,6 +14,7 @@ import pytest
 from tensorlights.discovery.proc_events import ProcessWatcher, ProcEvents
 from tensorlights.discovery.procfs import ProcessGone, ProcFs, ProcKey
 from tensorlights.discovery.rules import DiscoveryRules, OperatorRule, ProcessFacts
+from tensorlights.discovery.scanner import YOUNG_PS_S
 from tensorlights.discovery.trust import TRUST_ANY
 from tensorlights.model import DiscoverySnapshot, PsTask
 from tensorlights.testbed import netns
@@ -175,6 +177,33 @@ def test_new_socket_of_a_known_ps_is_found(events: ProcessWatcher | None) -> Non
                 return task is not None and port in task.listen_ports
 
             assert found(scan_until(scanner, found, deadline_s=2)), port
+
+
+def test_an_older_ps_that_opens_a_socket_is_news_within_a_poll() -> None:
+    """A worker that connects to its PS long after the PS started (TensorFlow's do at their
+    first step) is news at the next poll, not at the next scan up to a second later, when
+    telemetry has missed its first pushes: every PS's descriptor count is watched, not only
+    a young one's."""
+    offset = [0.0]
+    # Subscribed but pumped by no one: the only news can come from the descriptors.
+    watching = ProcessWatcher(ProcEvents.open(), lambda: None)
+    try:
+        with (
+            holders() as start,
+            new_scanner(events=watching, clock=lambda: time.monotonic() + offset[0]) as scanner,
+        ):
+            holder = start({"TENSORLIGHTS_JOB": "old", "TENSORLIGHTS_ROLE": "ps"})
+            scan_until(scanner, has_ports(holder))
+            offset[0] = YOUNG_PS_S + 1  # the PS is no longer young
+            scanner.scan()
+            assert scanner.polls()
+            assert not scanner.changed()
+            port = holder.listen_more()
+            assert scanner.changed()
+            task = task_of(scanner.scan(), holder.pid)
+            assert task is not None and port in task.listen_ports
+    finally:
+        watching.stop()
 
 
 def test_malformed_launcher_environment_is_reported_not_ignored() -> None:
