@@ -20,7 +20,13 @@ sampling is under half the compute time, a quiet round falls between any two ite
 iteration closes when every connection of the job that pushes has completed in it (every
 connection, until one iteration has closed), when the next one begins, or when the job ends.
 The job's first iteration watched whole (every connection seen idle before it began) is
-reported without a period; one seen in part only anchors the next one's period.
+reported without a period; one seen in part only anchors the next one's period -- unless
+each of its connections was first seen during that push, and the bytes it had carried in
+all its life by that push's end were no more than FIRST_PUSH_SLACK of its next push's: its
+first push, whose end was measured (only its start is unknown). Frameworks open their data
+connections at the first push (TensorFlow's workers connect to their PS at their first read,
+gloo's pairs at their first send), where discovery cannot see them before; then the first
+iteration is reported, without a period, once the next one is (the next push tells).
 
 Workers *answer* on the connection a push came on: their gradient (gloo, the synthetic
 job), an RPC's response (torch.distributed.rpc), the next request (TensorFlow's reads and
@@ -97,6 +103,10 @@ TAIL_BYTES = 1024
 is tens of bytes; gRPC's trailers after a TensorFlow PS's response ~0.6 KB, their ACK held
 back 40 ms or until the worker's next request)."""
 GAPS_KEPT = 8
+FIRST_PUSH_SLACK = 1.5
+"""A connection first seen mid-push carried one push in all its life by that push's end if
+its bytes acked were no more than this many times its next push's (its handshake besides;
+two pushes would be twice)."""
 IDLES_KEPT = 9
 """Recent iterations' idle times before remembered per job (see `_step_window`)."""
 IDLES_TO_JOIN = 3
@@ -114,6 +124,9 @@ class Completion:
     start_after: float
     start_by: float
     """The push started in (start_after, start_by]: sample times around it."""
+    first_push: Completion | None = None
+    """The connection's push before this one where that was its first, seen in part (its
+    start unknown): the first iteration's, should this one be in the second."""
 
 
 @dataclass(frozen=True)
@@ -172,6 +185,9 @@ class _Connection:
     last_done: float | None = None
     """When its latest push completed."""
     answers: deque[float] = field(default_factory=lambda: deque(maxlen=ANSWERS_KEPT))
+    seen_in_part: Completion | None = None
+    """The push it was first seen in, whose start is unknown, with every byte it had carried
+    by then: its first push if its next one is about as long (FIRST_PUSH_SLACK)."""
     tail: tuple[float, int] | None = None
     """(last ACK's time, bytes acked) at the latest busy sample with no more than TAIL_BYTES
     in one segment outstanding and nothing left to send: the push done but for a small
@@ -642,6 +658,15 @@ class StragglerTracker:
             state.primed, state.primed_at = True, now
             state.last_done = at  # but its answer is one
             state.pushed = grown >= self.min_push_bytes
+            if info.bytes_acked >= self.min_push_bytes:
+                state.seen_in_part = Completion(
+                    connection=key,
+                    at=at,
+                    pushed_bytes=info.bytes_acked,  # all its life: one push, or more
+                    started_at=at - _push_seconds(info.bytes_acked, info),
+                    start_after=-math.inf,
+                    start_by=idle_before,  # when first seen
+                )
             return None
         if grown < self.min_push_bytes:
             return None
@@ -649,14 +674,17 @@ class StragglerTracker:
         if state.first_done is None:
             state.first_done = at
         state.last_done = at
-        duration = grown / info.delivery_rate if info.delivery_rate > 0 else 0.0
+        first_push, state.seen_in_part = state.seen_in_part, None
+        if first_push is not None and first_push.pushed_bytes > FIRST_PUSH_SLACK * grown:
+            first_push = None  # it had carried more than one push when first seen
         return Completion(
             connection=key,
             at=at,
             pushed_bytes=grown,
-            started_at=at - duration,
+            started_at=at - _push_seconds(grown, info),
             start_after=idle_before,
             start_by=min(busy_at if busy_at is not None else at, at),
+            first_push=first_push,
         )
 
     def _close(self, job: str, state: _Job) -> list[Iteration]:
@@ -673,11 +701,14 @@ class StragglerTracker:
         first = min(c.at for c in done)
         last = max(c.at for c in done)
         before = state.last_done
-        if before is None and not (
-            state.whole_unanchored and self._watched_since(state, started_after)
-        ):
-            state.last_done = last  # it only marks where the next period starts
-            return []
+        first_iteration = None
+        if before is None:
+            if not (state.whole_unanchored and self._watched_since(state, started_after)):
+                state.last_done = last  # it only marks where the next period starts
+                return []
+            first_iteration = _first_seen_in_part(job, done, started_after)
+            if first_iteration is not None:
+                before = first_iteration.last_done
         idle = None
         if before is not None and math.isfinite(started_after) and math.isfinite(started_by):
             idle = max(0.0, _began(started_after, started_by) - before)
@@ -693,10 +724,11 @@ class StragglerTracker:
             idle_before_s=idle,
         )
         state.last_done = last
+        iterations = [iteration] if first_iteration is None else [first_iteration, iteration]
         if state.answering is None or state.deciding:  # held until the grouping is known
-            state.held.append(iteration)
+            state.held.extend(iterations)
             return []
-        return [iteration]
+        return iterations
 
 
 def _began(after: float, by: float) -> float:
@@ -714,7 +746,36 @@ def _joined(first: Completion, rest: Completion) -> Completion:
         started_at=first.started_at,
         start_after=first.start_after,
         start_by=first.start_by,
+        first_push=first.first_push,
     )
+
+
+def _first_seen_in_part(job: str, second: list[Completion], began_after: float) -> Iteration | None:
+    """The job's first iteration, from the first pushes its connections were first seen in
+    (their starts unknown), given the completions of the first iteration watched whole,
+    which began after `began_after`; None unless each connection's push before was its
+    first and ended before then."""
+    firsts = [c.first_push for c in second]
+    if not all(firsts):
+        return None
+    pushes = [f for f in firsts if f is not None]
+    last = max(f.at for f in pushes)
+    if last > began_after:
+        return None
+    return Iteration(
+        job=job,
+        first_done=min(f.at for f in pushes),
+        last_done=last,
+        connections=len(pushes),
+        push_seconds=last - min(f.started_at for f in pushes),
+        period=None,
+        pushed_bytes=sum(f.pushed_bytes for f in pushes),
+    )
+
+
+def _push_seconds(pushed_bytes: int, info: TcpInfo) -> float:
+    """How long that many bytes took at the connection's delivery rate (an estimate)."""
+    return pushed_bytes / info.delivery_rate if info.delivery_rate > 0 else 0.0
 
 
 def tail_only(info: TcpInfo) -> bool:

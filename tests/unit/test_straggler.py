@@ -170,11 +170,9 @@ def test_small_messages_are_not_pushes_and_bytes_are_counted() -> None:
     assert tracker.sent_bytes["job"] == 600
 
 
-def test_connections_first_seen_mid_push_are_not_measured_for_that_push() -> None:
-    lags = [[0.0, 0.05]] * 4
-    connections = job_pushes(4, lags)
+def watched_from(connections: list[FakeConnection], start: float) -> list:
+    """A tracker that first sees the connections at `start`, sampling every 100 ms."""
     tracker = StragglerTracker(min_push_bytes=1000)
-    start = connections[0].pushes[0][0] + 0.05  # mid-push of iteration 0
     closed = []
     now = start
     while now < 10:
@@ -182,9 +180,35 @@ def test_connections_first_seen_mid_push_are_not_measured_for_that_push() -> Non
             now, [("j", str(i), c.info(now)) for i, c in enumerate(connections)]
         )
         now = round(now + 0.1, 6)
-    closed += tracker.observe(now, [])  # ended (within a second of its first push)
-    # Iteration 0: its start unknown; 1, watched whole, has no period; then 2 and 3.
-    assert [round(it.spread, 3) for it in closed] == [0.05, 0.05, 0.05]
+    return closed + tracker.observe(now, [])  # ended (within a second of its first push)
+
+
+def test_connections_first_seen_in_their_first_push_report_the_first_iteration() -> None:
+    """Frameworks open their data connections at the first push (TensorFlow's workers at
+    their first read): seen mid-push, its end is measured, and the next push shows that what
+    the connection carried until then was one push."""
+    lags = [[0.0, 0.05]] * 4
+    connections = job_pushes(4, lags)
+    closed = watched_from(connections, connections[0].pushes[0][0] + 0.05)
+    assert [round(it.spread, 3) for it in closed] == [0.05] * 4
+    assert [it.last_done for it in closed] == pytest.approx(
+        [max(c.pushes[k][1] for c in connections) for k in range(4)], abs=0.0015
+    )
+    # Iteration 0 without a period (its start unknown), and 1 with one.
+    assert closed[0].period is None and None not in [it.period for it in closed[1:]]
+    assert closed[0].pushed_bytes == 2 * MODEL
+
+
+def test_connections_first_seen_after_earlier_pushes_are_not_measured_for_that_push() -> None:
+    """First seen mid-push with two pushes' bytes behind it (an agent started while the job
+    trains): that push may be any iteration's, and only anchors the next one's period."""
+    lags = [[0.0, 0.05]] * 5
+    connections = job_pushes(5, lags)
+    closed = watched_from(connections, connections[0].pushes[1][0] + 0.05)  # in iteration 1
+    # 1: its start unknown, and not the first push; 2, watched whole, has no period; 3 and 4.
+    assert [round(it.last_done, 3) for it in closed] == [
+        round(max(c.pushes[k][1] for c in connections), 3) for k in (2, 3, 4)
+    ]
     assert closed[0].period is None and None not in [it.period for it in closed[1:]]
 
 
