@@ -698,7 +698,6 @@ class StragglerTracker:
             # Connections primed during it may have had their push there unmeasured.
             state.last_done, state.whole_unanchored = None, True
             return []
-        first = min(c.at for c in done)
         last = max(c.at for c in done)
         before = state.last_done
         first_iteration = None
@@ -713,16 +712,7 @@ class StragglerTracker:
         if before is not None and math.isfinite(started_after) and math.isfinite(started_by):
             idle = max(0.0, _began(started_after, started_by) - before)
             state.idles.append(idle)
-        iteration = Iteration(
-            job=job,
-            first_done=first,
-            last_done=last,
-            connections=len(done),
-            push_seconds=last - min(c.started_at for c in done),
-            period=last - before if before is not None else None,
-            pushed_bytes=sum(c.pushed_bytes for c in done),
-            idle_before_s=idle,
-        )
+        iteration = _iteration(job, done, before, idle)
         state.last_done = last
         iterations = [iteration] if first_iteration is None else [first_iteration, iteration]
         if state.answering is None or state.deciding:  # held until the grouping is known
@@ -755,21 +745,27 @@ def _first_seen_in_part(job: str, second: list[Completion], began_after: float) 
     (their starts unknown), given the completions of the first iteration watched whole,
     which began after `began_after`; None unless each connection's push before was its
     first and ended before then."""
-    firsts = [c.first_push for c in second]
-    if not all(firsts):
+    pushes = [c.first_push for c in second if c.first_push is not None]
+    if len(pushes) < len(second) or max(f.at for f in pushes) > began_after:
         return None
-    pushes = [f for f in firsts if f is not None]
-    last = max(f.at for f in pushes)
-    if last > began_after:
-        return None
+    return _iteration(job, pushes, None, None)
+
+
+def _iteration(
+    job: str, done: list[Completion], before: float | None, idle: float | None
+) -> Iteration:
+    """The iteration of these completions, `before` the previous one's last (None: none
+    measured), `idle` the time between."""
+    last = max(c.at for c in done)
     return Iteration(
         job=job,
-        first_done=min(f.at for f in pushes),
+        first_done=min(c.at for c in done),
         last_done=last,
-        connections=len(pushes),
-        push_seconds=last - min(f.started_at for f in pushes),
-        period=None,
-        pushed_bytes=sum(f.pushed_bytes for f in pushes),
+        connections=len(done),
+        push_seconds=last - min(c.started_at for c in done),
+        period=last - before if before is not None else None,
+        pushed_bytes=sum(c.pushed_bytes for c in done),
+        idle_before_s=idle,
     )
 
 
