@@ -202,6 +202,8 @@ class PsTask:
     kind: JobKind = JobKind.PS
     rdma: str | None = None
     """Why its traffic bypasses the kernel (RDMA verbs): then its job is not shaped here."""
+    iterations: int | None = None
+    """The job's total iterations, where its environment declares them."""
 
     @property
     def local_ports(self) -> frozenset[int]:
@@ -245,6 +247,16 @@ class DiscoverySnapshot:
         return frozenset(
             job for job, kind in self.job_kinds().items() if kind is JobKind.COLLECTIVE
         )
+
+    @functools.cached_property
+    def declared_iterations(self) -> dict[str, int]:
+        """Each job's total iterations where its processes declare them (the fewest where
+        they differ: fewer only brings the starvation guard's promotion earlier)."""
+        declared: dict[str, int] = {}
+        for task in self.tasks:
+            if task.iterations is not None:
+                declared[task.job] = min(declared.get(task.job, task.iterations), task.iterations)
+        return declared
 
     @functools.cached_property
     def unshapeable(self) -> dict[str, str]:

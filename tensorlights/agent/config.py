@@ -139,7 +139,8 @@ class AgentConfig:
         "max_slowdown",
         read_number,
         "pack: no job slowed more than this vs running alone, over its life so far (at "
-        f"least starvation_window, looking back at most {HORIZON_WINDOWS} of them).",
+        f"least starvation_window, looking back at most {HORIZON_WINDOWS} of them); a job "
+        "whose processes declare its iterations (TENSORLIGHTS_ITERATIONS) over its whole run.",
         default=2.0,
         check=lambda v: math.isfinite(v) and v > 1,
         rule="must be a number above 1",

@@ -146,11 +146,13 @@ def _pack(view: PackView, loads: Mapping[str, JobLoad]) -> dict[str, Any]:
         "promoted_lag_s": dict(view.promoted_lag_s),
         "lag_s": dict(view.lag_s),
         "lag_allowed_s": dict(view.lag_allowed_s),
+        "slack_s": dict(view.slack_s),
         "loads": {
             job: {
                 "demand": load.demand,
                 "link_s": load.link_s,
                 "compute_s": load.compute_s,
+                "answer_s": load.answer_s,
                 "iterations": load.iterations,
                 "settled": load.settled,
             }

@@ -209,6 +209,7 @@ class Reconciler:
             loads,
             self._started(),
             snapshot.collective_jobs,
+            snapshot.declared_iterations,
         )
         spec = desired_spec(self.config, snapshot, plan)
         ops, full, repaired, read_back = 0, False, 0, False
@@ -259,8 +260,9 @@ class Reconciler:
         snapshot = self._scanner.scan()
         shaped = shaped_jobs(snapshot, self.config.pod_shaping)
         plan = self._policy.evaluate(
-            self._clock(), shaped, self._loads(), self._started(), snapshot.collective_jobs
-        )
+            self._clock(), shaped, self._loads(), self._started(), snapshot.collective_jobs,
+            snapshot.declared_iterations,
+        )  # fmt: skip
         spec = desired_spec(self.config, snapshot, plan)
         return plan, spec, (self._dataplane.plan(spec) if spec is not None else None)
 

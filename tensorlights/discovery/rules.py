@@ -48,6 +48,10 @@ DEFAULT_SPANK_DIR = "/run/tensorlights/slurm"
 
 ENV_JOB = "TENSORLIGHTS_JOB"
 ENV_ROLE = "TENSORLIGHTS_ROLE"
+ENV_ITERATIONS = "TENSORLIGHTS_ITERATIONS"
+"""The job's total iterations (synchronous steps: rounds of the PS's pushes), where its
+launcher or user states them: `pack`'s starvation guard then judges the job by its deadline
+(policy/packing.StarvationGuard)."""
 
 _TORCHRUN_DEFAULT_ROLE = "default"
 _TF_ROLES = {"ps": PS, "worker": WORKER, "chief": CHIEF, "master": CHIEF, "evaluator": EVALUATOR}
@@ -80,6 +84,8 @@ class Identity:
     """The job's worker endpoints (host:port) where the launcher's spec names them."""
     rdma: str | None = None
     """Why the job's traffic bypasses the kernel here (NCCL over InfiniBand/RoCE), if it does."""
+    iterations: int | None = None
+    """The job's total iterations where it declares them (ENV_ITERATIONS)."""
 
     @property
     def carries(self) -> bool:
@@ -194,8 +200,26 @@ def identify(facts: ProcessFacts, rules: DiscoveryRules) -> Verdict:
         return Verdict(None, bad_job)
     if reason := distrust(job, source, facts.uid, facts.cgroup, rules.trust):
         return Verdict(None, "; ".join(filter(None, (problem, reason))), untrusted=True)
-    identity = Identity(job=job, role=role, source=source, peers=peers, rdma=nccl_rdma(env))
-    return Verdict(identity, problem)
+    identity = Identity(
+        job=job,
+        role=role,
+        source=source,
+        peers=peers,
+        rdma=nccl_rdma(env),
+        iterations=_declared_iterations(env, problems),
+    )
+    return Verdict(identity, "; ".join(problems) or None)
+
+
+def _declared_iterations(env: Mapping[str, str], problems: list[str]) -> int | None:
+    """ENV_ITERATIONS as a count; a value that is not one is a problem, and not used."""
+    raw = env.get(ENV_ITERATIONS, "").strip()
+    if not raw:
+        return None
+    if raw.isdigit() and int(raw) > 0:
+        return int(raw)
+    problems.append(f"{ENV_ITERATIONS}={raw[:40]!r} is not a positive whole number: ignored")
+    return None
 
 
 @dataclass(frozen=True)

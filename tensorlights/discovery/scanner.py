@@ -386,6 +386,7 @@ class Scanner:
                             source=f"parent:{parent.key.pid}",
                             peers=parent.identity.peers,
                             rdma=parent.identity.rdma,
+                            iterations=parent.identity.iterations,
                         )
                         entry.inherited = True
                     break
@@ -436,6 +437,7 @@ class Scanner:
                         stale=sockets.stale,
                         kind=entry.identity.kind,
                         rdma=_rdma(entry),
+                        iterations=entry.identity.iterations,
                     )
                 )
         return tasks

@@ -108,6 +108,9 @@ class PackView:
     least the window, at most HORIZON_WINDOWS of them (packing.StarvationGuard)."""
     lag_allowed_s: Mapping[str, float] = field(default_factory=dict)
     """Every job's lag past which its slowdown over that span exceeds max_slowdown."""
+    slack_s: Mapping[str, float] = field(default_factory=dict)
+    """Jobs judged by their declared iterations: how long each can still wait and end
+    within the bound (seconds; promoted before it reaches 0)."""
 
 
 @dataclass
@@ -149,10 +152,12 @@ class BandPolicy:
         loads: Mapping[str, JobLoad] | None = None,
         started: frozenset[str] | None = None,
         spanning: frozenset[str] = frozenset(),
+        declared: Mapping[str, int] | None = None,
     ) -> BandPlan:
         """`loads`: what telemetry measured per job; `started`: the jobs telemetry has seen
         push (None: not known, all count as started); `spanning`: jobs whose traffic spans
-        hosts (collective ones), ordered by name when they appear together. Used by `pack`
+        hosts (collective ones), ordered by name when they appear together; `declared`: the
+        total iterations of the jobs that declared them (StarvationGuard). Used by `pack`
         only."""
         previous_green = self._green
         self._track(jobs, now)
@@ -160,7 +165,7 @@ class BandPolicy:
             self._green = self._green_since = None
             return BandPlan({}, tuple(self._order), None, None, None, previous_green is not None)
         if self.name is PolicyName.PACK:
-            return self._pack(now, loads or {}, started, spanning, previous_green)
+            return self._pack(now, loads or {}, started, spanning, declared, previous_green)
         if self.name is PolicyName.STATIC:
             self._set_green(self._order[0], now)
             next_change = None
@@ -187,10 +192,11 @@ class BandPolicy:
         loads: Mapping[str, JobLoad],
         started: frozenset[str] | None,
         spanning: frozenset[str],
+        declared: Mapping[str, int] | None,
         previous_green: str | None,
     ) -> BandPlan:
         present = set(self._order)
-        self._guard.update(now, loads, present, started)
+        self._guard.update(now, loads, present, started, declared)
         self.on_top.update(previous_green, loads)
         # Arrivals and departures take effect at once (an arrival joins at the end; when the
         # green job left, the next one is green) ...
@@ -231,10 +237,11 @@ class BandPolicy:
         jobs: set[str] | frozenset[str],
         loads: Mapping[str, JobLoad],
         started: frozenset[str] | None,
+        declared: Mapping[str, int] | None = None,
     ) -> None:
         """The starvation guard's view while the controller orders the jobs (PlanFollower):
         its promotions are reported, for the cluster-wide order to keep the bound."""
-        self._guard.update(now, loads, set(jobs), started)
+        self._guard.update(now, loads, set(jobs), started, declared)
 
     @property
     def promoted(self) -> dict[str, float]:
@@ -253,6 +260,7 @@ class BandPolicy:
                 job: self._guard.allowed(self.max_slowdown, span)
                 for job, span in self._guard.spans.items()
             },
+            slack_s=dict(self._guard.slack),
         )
 
     def _track(self, jobs: set[str] | frozenset[str], now: float) -> None:

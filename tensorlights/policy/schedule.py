@@ -234,18 +234,19 @@ class PlanFollower:
         loads: Mapping[str, JobLoad] | None = None,
         started: frozenset[str] | None = None,
         spanning: frozenset[str] = frozenset(),
+        declared: Mapping[str, int] | None = None,
     ) -> BandPlan:
         if self.plan is not None and now < self.plan.lease_until:
             # The local policy is not evaluated meanwhile: the plan's light is counted here,
             # and the starvation guard watches (its promotions go to the controller).
             self.local.on_top.update(self._green, loads or {})
-            self.local.watch(now, jobs, loads or {}, started)
+            self.local.watch(now, jobs, loads or {}, started, declared)
             result = self.plan.evaluate(now, jobs, self.local.ps_bands, self._green)
             lease_end = self.plan.lease_until
             if result.next_change_at is None or lease_end < result.next_change_at:
                 result = replace(result, next_change_at=lease_end)
         else:
-            result = self.local.evaluate(now, jobs, loads, started, spanning)
+            result = self.local.evaluate(now, jobs, loads, started, spanning, declared)
             result = replace(result, rotated=result.green != self._green)
         self._green = result.green
         return result

@@ -38,7 +38,7 @@ from itertools import islice
 from tensorlights.discovery.sockdiag import SockDiag
 from tensorlights.errors import TensorLightsError
 from tensorlights.model import DiscoverySnapshot, TcpInfo
-from tensorlights.policy.packing import JobLoad, Measured, job_load
+from tensorlights.policy.packing import JobLoad, Measured, answer_compute, job_load
 from tensorlights.telemetry.straggler import (
     DEFAULT_MIN_PUSH_BYTES,
     Iteration,
@@ -175,6 +175,7 @@ class TelemetrySampler:
                         cached[2],
                         busy=job in busy,
                         bytes_hold_waiting=job not in self.tracker.collective,
+                        answer_s=answer_compute(self.tracker.answer_gaps(job)),
                     )
             return loads
 

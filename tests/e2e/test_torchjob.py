@@ -53,7 +53,7 @@ def test_the_agent_finds_shapes_and_measures_a_real_pytorch_ps(
     sent_before = tx_bytes(pair.a.ns, "veth-a")
     run = launch(
         (pair.a.ns, "veth-a"), (pair.b.ns, "veth-b"), f"{pair.a.ipv4}:{MASTER_PORT}",
-        WORKERS, HIDDEN, ITERATIONS,
+        WORKERS, HIDDEN, ITERATIONS, {"TENSORLIGHTS_ITERATIONS": str(ITERATIONS)},
     )  # fmt: skip
     try:
         # The PS's data ports are gloo's ephemeral ones: found by process, not configured.
@@ -63,6 +63,10 @@ def test_the_agent_finds_shapes_and_measures_a_real_pytorch_ps(
         )
         ports_found_at = time.monotonic()  # the agent had them by now
         assert job in document["bands"]
+        # Its declared iterations reach pack's guard: once measured, the job is judged by its
+        # deadline, which a job alone is far from.
+        document = agent.wait_status(lambda d: job in d["pack"]["slack_s"], deadline_s=30)
+        assert document["pack"]["slack_s"][job] > 0, document["pack"]
         received, summary = run.results()
     finally:
         run.kill()

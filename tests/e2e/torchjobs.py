@@ -6,6 +6,7 @@ from __future__ import annotations
 import json
 import subprocess
 import sys
+from collections.abc import Mapping
 from dataclasses import dataclass
 from typing import Any
 
@@ -41,14 +42,16 @@ def launch(
     workers: int,
     hidden: int,
     iterations: int,
+    ps_env: Mapping[str, str] = {},
 ) -> TorchJob:
     """The PS in namespace ps[0] over interface ps[1], `workers` workers in workers_at[0] over
-    workers_at[1]; `master` is the PS's ADDR:PORT."""
+    workers_at[1]; `master` is the PS's ADDR:PORT; `ps_env`: more of the PS's environment."""
     common = ["--master", master, "--workers", str(workers), "--hidden", str(hidden),
               "--iterations", str(iterations)]  # fmt: skip
     ps_proc = subprocess.Popen(
         in_ns(ps[0], *MODULE, "ps", *common, "--ifname", ps[1]),
-        stdout=subprocess.PIPE, text=True, env=clean_env(tf_launcher_env("torch", workers)),
+        stdout=subprocess.PIPE, text=True,
+        env=clean_env({**tf_launcher_env("torch", workers), **ps_env}),
     )  # fmt: skip
     ranks = []
     for rank in range(1, workers + 1):

@@ -58,14 +58,16 @@ def has_ports(holder: Holder):  # type: ignore[no-untyped-def]
     return done
 
 
-def test_tf_config_ps_found_with_its_sockets_and_workers_are_members_only() -> None:
+def test_tf_config_ps_found_with_its_sockets_and_iterations_and_workers_are_members() -> None:
     with holders() as start, new_scanner() as scanner:
-        ps = start({"TF_CONFIG": tf_config("ps", "0")}, "--connections", "3")
+        declared = {"TENSORLIGHTS_ITERATIONS": "500"}
+        ps = start({"TF_CONFIG": tf_config("ps", "0"), **declared}, "--connections", "3")
         worker = start({"TF_CONFIG": tf_config("worker", 1)}, "--connections", "1")
         snapshot = scan_until(scanner, has_ports(ps))
         task = task_of(snapshot, ps.pid)
         assert task is not None
         assert task.source == "tf_config"
+        assert snapshot.declared_iterations == {task.job: 500}
         assert task.listen_ports == {ps.report["listen_port"]}
         assert task.local_ports == ps.ports
         # 3 accepted connections on the listen port, 3 outgoing ones from ephemeral ports.

@@ -257,6 +257,28 @@ def test_slurm_job_id_names_a_framework_job_and_explicit_env_wins_over_all() -> 
     assert identity is not None and (identity.job, identity.role) == ("x", "worker")
 
 
+@pytest.mark.parametrize(
+    ("value", "iterations", "problem"),
+    [("3000", 3000, False), (" 25 ", 25, False), ("", None, False), ("0", None, True),
+     ("-5", None, True), ("1e4", None, True), ("many", None, True)],
+)  # fmt: skip
+def test_a_job_declares_its_iterations_in_its_environment(
+    value: str, iterations: int | None, problem: bool
+) -> None:
+    torch = {"MASTER_ADDR": "m", "MASTER_PORT": "5", "RANK": "1", "TENSORLIGHTS_ITERATIONS": value}
+    result = verdict(torch)
+    assert result.identity is not None and result.identity.iterations == iterations
+    assert ("TENSORLIGHTS_ITERATIONS" in (result.problem or "")) == problem
+
+
+def test_a_snapshot_takes_the_fewest_iterations_a_job_declares() -> None:
+    def task(pid: int, job: str, iterations: int | None) -> PsTask:
+        return PsTask(pid, 0.0, job, "env", 1, True, frozenset(), (), iterations=iterations)
+
+    tasks = (task(1, "a", 40), task(2, "a", 30), task(3, "b", None), task(4, "c", 7))
+    assert DiscoverySnapshot(tasks).declared_iterations == {"a": 30, "c": 7}
+
+
 def test_explicit_role_without_any_job_is_a_problem() -> None:
     result = verdict({"TENSORLIGHTS_ROLE": "ps"})
     assert result.identity is None and "TENSORLIGHTS_JOB" in (result.problem or "")

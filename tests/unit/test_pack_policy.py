@@ -3,6 +3,8 @@ boundary, and the starvation bound."""
 
 from __future__ import annotations
 
+from dataclasses import replace
+
 import pytest
 from hypothesis import given, settings
 from hypothesis import strategies as st
@@ -376,3 +378,72 @@ def test_a_waiting_ring_job_with_fewer_bytes_is_not_taken_for_a_smaller_job() ->
     assert ordering_demands(loads, {}, "a") == {"a": loads["a"].demand}
     ps = {"a": load(0.2, 0.2, 10), "b": load(0.1, 0.6, MEASURED_AFTER)}
     assert set(ordering_demands(ps, {}, "a")) == {"a", "b"}
+
+
+def _deadline_run(declared: dict[str, int], window_s: float, b_first_s: int = 0) -> list[int]:
+    """b (P = 0.5 s, demand 0.6: one of them at a time) pushes from 0 s, runs at full speed
+    for its first `b_first_s` seconds, then completes nothing behind a until promoted, and
+    then 2 iterations a second again. The seconds at which b is promoted, until it ends."""
+    guard = StarvationGuard(max_slowdown=2.0, window_s=window_s)
+    jobs = {"a", "b"}
+    done = 0
+    promoted_at = []
+    for t in range(0, 60):
+        if t <= b_first_s or "b" in guard.promoted:
+            done += 2 if t else 0
+        if "b" in guard.promoted:
+            promoted_at.append(t)
+        loads = {"a": load(0.3, 0.2, 2 * t), "b": load(0.3, 0.2, done)}
+        guard.update(float(t), loads, jobs, frozenset(jobs), declared)
+        if done >= 40:
+            break
+    return promoted_at
+
+
+def test_guard_promotes_a_job_that_declared_its_iterations_when_its_deadline_needs_it() -> None:
+    # b declares 40 iterations: 20 s alone, so it ends within 2x if it ends by 40 s from its
+    # first push. It must run at full speed from 20 s on; the guard acts once its remaining
+    # 20 s exceed DEADLINE_AT (0.85) of the time left: past 16.5 s. It then stays promoted
+    # until it ends (its remaining time and the time left shrink alike).
+    assert _deadline_run({"b": 40}, window_s=100.0) == list(range(18, 38))
+    # Judged by its past waiting alone over a 100 s window, it is promoted only once it has
+    # lost 0.8 x half of the window (40 s): it then ends past 60 s, 3x its time alone.
+    assert _deadline_run({}, window_s=100.0)[0] == 42
+
+
+def test_guard_lets_a_job_wait_that_its_declared_iterations_say_will_end_in_time() -> None:
+    # b does 30 of its 40 iterations in its first 15 s, then waits: 5 s of work left, 25 s
+    # to its deadline. Judged by its lag over a 20 s window it is promoted after 11 s of
+    # waiting (lag t - 15 over 0.4 t); by its deadline, only once its 5 s exceed 0.85 of
+    # the time left (past 34.1 s), and it still ends by 40 s.
+    assert _deadline_run({}, window_s=20.0, b_first_s=15)[0] == 27
+    by_deadline = _deadline_run({"b": 40}, window_s=20.0, b_first_s=15)
+    assert by_deadline[0] == 36 and by_deadline[-1] <= 40
+
+
+def test_guard_judges_by_the_lag_where_a_declared_count_cannot_be_believed() -> None:
+    guard = StarvationGuard(max_slowdown=2.0, window_s=10.0)
+    jobs = {"a", "ring", "over"}
+    ring = JobLoad(0.3, 0.2, 0, False, bytes_hold_waiting=False)  # its count reads high
+    for t in range(0, 8):
+        loads = {"a": load(0.3, 0.2, 2 * t), "ring": ring, "over": load(0.3, 0.2, 50)}
+        guard.update(float(t), loads, jobs, frozenset(jobs), {"ring": 1000, "over": 40})
+    # Both would wait long by a deadline (1000 iterations; or none left of 40); by their
+    # lag over the 10 s window (4 s allowed at 0.8) they are candidates after 5 s.
+    assert set(guard.lags) == jobs and not guard.slack
+    assert guard.lags["ring"] == pytest.approx(7.0) and guard.lags["over"] == 0.0
+    assert "ring" in guard.promoted
+
+
+def test_a_deadline_is_reckoned_with_the_workers_answers_where_they_read_shorter() -> None:
+    # Waiting, b's idle before its pushes reads 0.6 s; its workers' answers come 0.2 s after
+    # each push's end. Its deadline (40 iterations, 2x, first push at 0 s) is reckoned at
+    # P = 0.3 + 0.2 s: 40 s, 20 s of work left at 0 s: it can wait 20 s. Reckoned with the
+    # idle it would read 0.9 s a period, 72 s, and wait 36 s.
+    guard = StarvationGuard(max_slowdown=2.0, window_s=30.0)
+    waiting = JobLoad(0.3, 0.6, 0, False, answer_s=0.2)
+    assert waiting.deadline_period_s == pytest.approx(0.5)
+    assert JobLoad(0.3, 0.1, 0, False, answer_s=0.2).deadline_period_s == pytest.approx(0.4)
+    assert replace(waiting, answer_s=None).deadline_period_s == pytest.approx(0.9)
+    guard.update(0.0, {"a": load(0.3, 0.2, 0), "b": waiting}, {"a", "b"}, None, {"b": 40})
+    assert guard.slack["b"] == pytest.approx(20.0)
