@@ -18,6 +18,7 @@ LABELS = {
     "tl-rr-original": "TL-RR original (tc rebuild)",
     "rotate": "TensorLights rotate",
     "pack": "TensorLights pack",
+    "pack-iterations": "TensorLights pack, iterations declared",
     "controller-pack": "TensorLights pack, controller",
     "controller-rotate": "TensorLights rotate, controller",
     "controller-pack-killed": "pack, controller killed",

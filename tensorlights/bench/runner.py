@@ -564,7 +564,7 @@ def make_driver(
         ]  # fmt: skip
         return trees[0] if len(trees) == 1 else EveryHost(trees, trees[0])
     controller = None
-    agent_policy = policy.value
+    agent_policy = "pack" if policy is Policy.PACK_ITERATIONS else policy.value
     if policy in CONTROLLED:
         agent_policy = CONTROLLED[policy]  # also what each agent falls back to
         controller = ControllerOnHost(
@@ -652,7 +652,7 @@ def run_trial(
                 early = workloads[index].start_up_s > 0
                 shape = JobShape(
                     spec.workers, spec.model_bytes, spec.iterations, spec.compute_s,
-                    options.device,
+                    options.device, declares=policy is Policy.PACK_ITERATIONS,
                 )  # fmt: skip
                 ps_hosts = [cluster.hosts[name] for name in spec.ps_hosts]
                 running[index] = start_workload(

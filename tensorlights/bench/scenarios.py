@@ -49,6 +49,10 @@ class Policy(StrEnum):
     """The agent, `--policy rotate`: the light moves every interval."""
     PACK = "pack"
     """The agent, `--policy pack`: measured demand, starvation bound (issue 9)."""
+    PACK_ITERATIONS = "pack-iterations"
+    """(Asked for by name) `pack`, every job declaring its iterations to the agent
+    (TENSORLIGHTS_ITERATIONS in its processes' environment): the guard judges each by its
+    deadline (policy/packing.py). What that signal buys, beside `pack`."""
     CONTROLLER_PACK = "controller-pack"
     """The agents of every shaped host following the controller, `--policy pack`: one
     cluster-wide order by measured demand, each job green on all its hosts at once."""
@@ -406,7 +410,7 @@ def select_policies(names: str) -> list[Policy]:
     if names == "all":
         return list(COMPARED)
     chosen = [name.strip() for name in names.split(",") if name.strip()]
-    valid = {p.value for p in (*COMPARED, *FAULTS, Policy.ORDERS)}
+    valid = {p.value for p in (*COMPARED, *FAULTS, Policy.ORDERS, Policy.PACK_ITERATIONS)}
     unknown = [name for name in chosen if name not in valid]
     if unknown or not chosen:
         raise ConfigError(f"unknown policy {unknown or names!r}; choose from {sorted(valid)}")

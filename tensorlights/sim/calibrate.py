@@ -26,7 +26,7 @@ from typing import Any
 
 from tensorlights.bench.results import Trial, alone_jct, profile_key
 from tensorlights.bench.runner import LEGACY_PHASE_S
-from tensorlights.bench.scenarios import RANK_HOSTS, SCENARIOS, JobSpec, Scenario
+from tensorlights.bench.scenarios import RANK_HOSTS, SCENARIOS, JobSpec, Policy, Scenario
 from tensorlights.controller.planner import ClusterPolicy
 from tensorlights.model import JobKind
 from tensorlights.policy.bands import PolicyName
@@ -44,7 +44,7 @@ from tensorlights.units import parse_duration
 
 SIMULATED = (
     "fifo", "fair", "static", "rotate", "pack", "tl-rr-original", "controller-pack",
-    "controller-rotate",
+    "controller-rotate", Policy.PACK_ITERATIONS,
 )  # fmt: skip
 """The benchmark's policies the simulator runs (not: faults, fixed orders, standalone)."""
 SIM_ONLY = ("cassini", "crux")
@@ -127,6 +127,8 @@ def driver_for(
         return NoBands(), Discipline.FAIR
     if policy in (PolicyName.STATIC, PolicyName.ROTATE, PolicyName.PACK):
         return HostPolicies(agent_policy(policy, interval, window)), Discipline.PRIORITY
+    if policy == Policy.PACK_ITERATIONS:
+        return HostPolicies(agent_policy(PolicyName.PACK, interval, window)), Discipline.PRIORITY
     if policy == "tl-rr-original":
         if scenario.collective:
             # As the benchmark: the prototype's tree is built on PS ports, a rank has none.
@@ -157,13 +159,31 @@ def simulate(
     alone: Mapping[str, float] | None = None,
 ) -> float:
     """The simulated average JCT of `scenario` under `policy`."""
+    return statistics.fmean(jct for jct, _ in simulate_jobs(scenario, policy, meta, tcp, alone))
+
+
+def simulate_jobs(
+    scenario: Scenario,
+    policy: str,
+    meta: Mapping[str, Any],
+    tcp: TcpModel,
+    alone: Mapping[str, float] | None = None,
+    scale: float = 1.0,
+) -> list[tuple[float, float]]:
+    """Each job's simulated JCT under `policy` and alone (seconds), of `scenario` with its
+    iterations times `scale` (each job's traffic stretched as its profile's at scale 1)."""
     rate = float(meta["rate_bps"])
-    driver, discipline = driver_for(policy, scenario, meta)
-    links = {host: rate for host in scenario.shaped_hosts}
-    results = Simulation(links, sim_jobs(scenario, rate, alone), driver, discipline, tcp).run()
-    if len(results) != len(scenario.jobs):
+    scaled = scenario.scaled(scale) if scale != 1.0 else scenario
+    stretched = {job.name: job.wire_factor for job in sim_jobs(scenario, rate, alone)}
+    jobs = [replace(job, wire_factor=stretched[job.name]) for job in sim_jobs(scaled, rate)]
+    if policy == Policy.PACK_ITERATIONS:
+        jobs = [replace(job, declares=True) for job in jobs]
+    driver, discipline = driver_for(policy, scaled, meta)
+    links = {host: rate for host in scaled.shaped_hosts}
+    results = Simulation(links, jobs, driver, discipline, tcp).run()
+    if len(results) != len(jobs):
         raise RuntimeError(f"{scenario.key}/{policy}: jobs left unfinished in the simulation")
-    return statistics.fmean(result.jct_s for result in results.values())
+    return [(results[job.name].jct_s, job.alone_s(rate)) for job in jobs]
 
 
 def fit_tcp(measured: Measured) -> tuple[TcpModel, float]:

@@ -3,14 +3,26 @@
 from __future__ import annotations
 
 import json
+import statistics
 import sys
 from dataclasses import asdict
 from pathlib import Path
 
 import click
 
+from tensorlights.bench.results import alone_jct
+from tensorlights.bench.scenarios import select as select_scenarios
 from tensorlights.errors import ConfigError
-from tensorlights.sim.calibrate import Measured, baselines, calibration, fit_tcp
+from tensorlights.sim.calibrate import (
+    SIM_ONLY,
+    SIMULATED,
+    Measured,
+    baselines,
+    calibration,
+    fit_tcp,
+    simulate_jobs,
+)
+from tensorlights.sim.engine import TcpModel
 from tensorlights.sim.report import (
     GOAL,
     baselines_markdown,
@@ -36,6 +48,8 @@ CALIBRATION_SOURCES = ("results/bench", "results/bench-real", "results/bench-mul
 """The benchmark's results on the 2-core VM (bench-gpu ran on another machine)."""
 FIT_SOURCE = "results/bench"
 """Where the TCP ramp is fitted (scenarios a-f, FIFO and fair)."""
+FITTED_TCP = TcpModel(ramp_s=0.5, ramp_weight=0.05)
+"""The ramp `calibrate` fits on FIT_SOURCE (results/sim-calibration/report.md says so)."""
 
 
 @click.group(context_settings={"help_option_names": ["-h", "--help"]})
@@ -80,6 +94,54 @@ def calibrate(sources: tuple[Path, ...], fit: Path, out: Path, no_plots: bool) -
     within = sum(abs(row.error) <= GOAL for row in rows)
     click.echo(f"TCP ramp: weight {tcp.ramp_weight:g} for {tcp.ramp_s:g} s (fit {fit_error:.1%})")
     click.echo(f"{within} of {len(rows)} rows within {GOAL:.0%} -> {out / 'report.md'}")
+
+
+@main.command()
+@click.option("--scenarios", "keys", default="all", show_default=True,
+              help="The benchmark's scenario keys, e.g. a,r2 (`python -m tensorlights.bench "
+              "scenarios` lists them).")  # fmt: skip
+@click.option(
+    "--policies", default="static,tl-rr-original,pack,pack-iterations", show_default=True,
+    help="Of: " + ", ".join((*SIMULATED, *SIM_ONLY)) + " (tl-rr-original: PS scenarios only).",
+)  # fmt: skip
+@click.option(
+    "--scale", type=float, default=1.0, show_default=True,
+    help="Every job's iterations and arrival offsets times this (bench --scale).",
+)  # fmt: skip
+@click.option(
+    "--results", "sources", multiple=True, type=click.Path(path_type=Path, file_okay=False),
+    default=CALIBRATION_SOURCES, show_default=True,
+    help="Benchmark results folders whose standalone runs stretch each job profile's traffic.",
+)  # fmt: skip
+def scenarios(keys: str, policies: str, scale: float, sources: tuple[Path, ...]) -> None:
+    """The benchmark's scenarios simulated (the fitted TCP ramp of results/sim-calibration),
+    a line each: every policy's average JCT and, in brackets, the largest slowdown against
+    the job's simulated time alone. Seconds where the testbed takes minutes: what a policy
+    change does, before the testbed measures it."""
+    try:
+        chosen = select_scenarios(keys)
+    except ConfigError as exc:
+        raise click.BadParameter(str(exc)) from None
+    named = [p.strip() for p in policies.split(",") if p.strip()]
+    alone: dict[str, float] = {}
+    for folder in sources:
+        alone.update(alone_jct(Measured.load(folder).trials))
+    meta = Measured.load(Path(FIT_SOURCE)).meta
+    click.echo(f"| scenario (x{scale:g}) | " + " | ".join(named) + " |")
+    click.echo("|---|" + "---:|" * len(named))
+    for scenario in chosen:
+        cells = []
+        for policy in named:
+            try:
+                runs = simulate_jobs(scenario, policy, meta, FITTED_TCP, alone, scale)
+            except ValueError as exc:
+                if "not defined" not in str(exc):
+                    raise click.BadParameter(str(exc)) from None
+                cells.append("-")
+                continue
+            average = statistics.fmean(jct for jct, _ in runs)
+            cells.append(f"{average:.2f} ({max(jct / t for jct, t in runs):.2f})")
+        click.echo(f"| {scenario.key} | " + " | ".join(cells) + " |")
 
 
 @main.command()

@@ -131,7 +131,12 @@ class HostPolicies(DriverBase):
             jobs = sim.host_jobs(host)
             if policy.name is PolicyName.PACK:  # the one that reads telemetry
                 plan = policy.evaluate(
-                    now, jobs, sim.loads(host), sim.started(host), sim.collective(host)
+                    now,
+                    jobs,
+                    sim.loads(host),
+                    sim.started(host),
+                    sim.collective(host),
+                    sim.declared(host),
                 )
             else:
                 plan = policy.evaluate(now, jobs)
@@ -244,7 +249,12 @@ class Coordinated(DriverBase):
             follower = self.followers[host]
             jobs = sim.host_jobs(host)
             plan = follower.evaluate(
-                now, jobs, sim.loads(host), sim.started(host), sim.collective(host)
+                now,
+                jobs,
+                sim.loads(host),
+                sim.started(host),
+                sim.collective(host),
+                sim.declared(host),
             )
             sim.set_bands(host, plan.bands)
             # Scanned as the agent is: its starvation guard watches the clock, under a plan

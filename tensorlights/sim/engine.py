@@ -84,6 +84,8 @@ class SimJob:
     wire_factor: float = 1.0
     """Link time per payload byte, over TCP/IP's alone (wire_bytes): what a framework's
     own framing and pacing add to its traffic (1 for the synthetic job)."""
+    declares: bool = False
+    """Its processes declare its iterations (TENSORLIGHTS_ITERATIONS): the agents know them."""
 
     def __post_init__(self) -> None:
         if self.kind is JobKind.COLLECTIVE and len(set(self.hosts)) != len(self.hosts):
@@ -301,6 +303,10 @@ class Simulation:
             if load is not None:
                 loads[name] = load
         return loads
+
+    def declared(self, host: str) -> dict[str, int]:
+        """The iterations the jobs present on `host` declare (those that do)."""
+        return {j: self.jobs[j].iterations for j in self.measured[host] if self.jobs[j].declares}
 
     def collective(self, host: str) -> frozenset[str]:
         return frozenset(j for j in self.measured[host] if self.jobs[j].kind is JobKind.COLLECTIVE)

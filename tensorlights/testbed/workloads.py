@@ -30,6 +30,7 @@ from dataclasses import dataclass
 from enum import StrEnum
 from pathlib import Path
 
+from tensorlights.discovery.rules import ENV_ITERATIONS
 from tensorlights.testbed.netns import Host
 from tensorlights.testbed.psjob import (
     PsShard,
@@ -81,6 +82,12 @@ class JobShape:
     compute_s: float
     device: str = "cpu"
     """Where a real PyTorch job's workers compute (torchjob --device); the others ignore it."""
+    declares: bool = False
+    """Its processes declare its iterations to TensorLights (ENV_ITERATIONS)."""
+
+    def declared_env(self) -> dict[str, str]:
+        """What its launcher adds to every process's environment to declare its iterations."""
+        return {ENV_ITERATIONS: str(self.iterations)} if self.declares else {}
 
 
 def round_robin(worker_hosts: Sequence[Host], workers: int) -> list[Host]:
@@ -139,7 +146,10 @@ def start_workload(
         shards = [
             PsShard(
                 host.exec_args(), host.ipv4,
-                clean_env(tf_launcher_env(tag, shape.workers, len(ps_hosts), index)),
+                clean_env(
+                    {**tf_launcher_env(tag, shape.workers, len(ps_hosts), index),
+                     **shape.declared_env()}
+                ),
             )
             for index, host in enumerate(ps_hosts)
         ]  # fmt: skip
@@ -194,10 +204,12 @@ def start_torch_job(
         where = ["--master", master, "--rank", str(rank), "--workers", str(shape.workers)]
         return ["ddp", *common, "--ifname", host.ifname, *step, *hold, *where]
 
+    declared = shape.declared_env()
+
     def env(rank: int, host: Host) -> dict[str, str]:
         if horovod:
-            return horovodrun_env(rendezvous, rank, world, host.ifname)
-        return torchrun_env(tag, rank, world, master)
+            return {**horovodrun_env(rendezvous, rank, world, host.ifname), **declared}
+        return {**torchrun_env(tag, rank, world, master), **declared}
 
     procs = [
         subprocess.Popen(
@@ -254,7 +266,7 @@ def start_tf_job(
             f"{host.ipv4}:{next(_tf_ports)}" for host in round_robin(worker_hosts, shape.workers)
         ],
     }
-    env = {"PYTHONPATH": str(CHECKOUT), "TF_CPP_MIN_LOG_LEVEL": "2"}
+    env = {"PYTHONPATH": str(CHECKOUT), "TF_CPP_MIN_LOG_LEVEL": "2", **shape.declared_env()}
     module = [python, "-m", "tensorlights.testbed.tfjob"]  # its own interpreter
     servers = [
         subprocess.Popen(

@@ -21,6 +21,7 @@ from tensorlights.sim.calibrate import (
     driver_for,
     rankings_agree,
     simulate,
+    simulate_jobs,
 )
 from tensorlights.sim.drivers import Coordinated, HostPolicies, NoBands, PrototypeRR, agent_policy
 from tensorlights.sim.engine import Driver, SimJob, Simulation, TcpModel
@@ -189,6 +190,38 @@ def test_the_controller_keeps_the_starvation_bound_the_agents_report() -> None:
     unbound, discipline = driver_for("controller-pack", scenario, {"starvation_window": "300s"})
     before = Simulation({"ps": RATE, "ps2": RATE}, jobs, unbound, discipline).run()
     assert results["sharded"].jct_s < 0.95 * before["sharded"].jct_s
+
+
+def test_jobs_declaring_their_iterations_wait_as_long_as_their_deadlines_allow() -> None:
+    """(a) at 3x its length: two equal jobs, TL-One keeps both under 2x (1.75). Judged by
+    its lag, the waiting job is promoted midway through the first (12% over TL-One's
+    average); judged by its deadline, it waits as under TL-One. r2 at 3x (three equal
+    jobs): TL-One breaks 2x, and the deadlines keep it."""
+    meta, tcp = Measured.load(RESULTS / "bench").meta, TcpModel(0.5, 0.05)
+
+    def run(key: str, policy: str) -> tuple[float, float]:
+        runs = simulate_jobs(SCENARIOS[key], policy, meta, tcp, scale=3.0)
+        return sum(jct for jct, _ in runs) / len(runs), max(jct / t for jct, t in runs)
+
+    static, pack, declaring = (run("a", p) for p in ("static", "pack", "pack-iterations"))
+    assert declaring == pytest.approx(static) and pack[0] > 1.1 * static[0]
+    static, declaring = run("r2", "static"), run("r2", "pack-iterations")
+    assert static[1] > 2.0 and declaring[1] < 2.0
+
+
+def test_the_scenarios_command_prints_every_policy_of_every_scenario() -> None:
+    from click.testing import CliRunner
+
+    from tensorlights.sim.cli import main
+
+    result = CliRunner().invoke(main, ["scenarios", "--scenarios", "a,c1", "--scale", "0.5"])
+    assert result.exit_code == 0, result.output
+    lines = result.output.splitlines()
+    assert lines[0] == "| scenario (x0.5) | static | tl-rr-original | pack | pack-iterations |"
+    assert lines[2].startswith("| a | ") and lines[2].count("(") == 4
+    assert lines[3].startswith("| c1 | ") and " - |" in lines[3]  # no prototype for rings
+    unknown = CliRunner().invoke(main, ["scenarios", "--scenarios", "zz"])
+    assert unknown.exit_code == 2 and "unknown scenario" in unknown.output
 
 
 def test_the_prototype_rotates_per_host_with_its_phase() -> None:
