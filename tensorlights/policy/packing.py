@@ -60,7 +60,7 @@ import heapq
 import math
 import statistics
 from collections import deque
-from collections.abc import Mapping, Sequence
+from collections.abc import Iterable, Mapping, Sequence
 from dataclasses import dataclass, field
 
 MSS = 1448
@@ -169,9 +169,9 @@ def _unhindered(measured: Measured, byte_s: float) -> bool:
     return push_s <= UNHINDERED_FACTOR * measured.pushed_bytes * byte_s + UNHINDERED_SLACK_S
 
 
-def answer_compute(gaps: Sequence[float]) -> float | None:
-    """JobLoad.answer_s from the recent times from a push's end to its answer."""
-    shortest = heapq.nsmallest(2, gaps)
+def _second_shortest(values: Iterable[float]) -> float | None:
+    """One misread sample aside, the shortest (waiting only ever adds)."""
+    shortest = heapq.nsmallest(2, values)
     return shortest[-1] if shortest else None
 
 
@@ -181,19 +181,23 @@ def job_load(
     iterations: int,
     busy: bool,
     link_rate_bps: float,
+    answers: Iterable[float] = (),
 ) -> JobLoad | None:
     """A job's load from its `recent` iterations, oldest first: the bytes of the `newest` few
     (median) and the compute (the second shortest idle before an unhindered one, else before
-    any: then not settled; see the module doc); None without either."""
+    any: then not settled; see the module doc); None without either. `answers`: the recent
+    times from a push's end to its answer (JobLoad.answer_s)."""
     pushed = [m.pushed_bytes for m in recent[-newest:]] if newest > 0 else []
     byte_s = wire_bytes(8.0) / link_rate_bps
     clean = [m.idle_before_s for m in recent if _unhindered(m, byte_s)]
     idles = clean or [m.idle_before_s for m in recent]
-    shortest = heapq.nsmallest(2, (idle for idle in idles if idle is not None))
-    if not pushed or not shortest:
+    compute = _second_shortest(idle for idle in idles if idle is not None)
+    if not pushed or compute is None:
         return None
     link_s = wire_bytes(statistics.median(pushed)) * 8 / link_rate_bps
-    return JobLoad(link_s, shortest[-1], iterations, busy, settled=bool(clean))
+    return JobLoad(
+        link_s, compute, iterations, busy, settled=bool(clean), answer_s=_second_shortest(answers)
+    )
 
 
 @dataclass

@@ -115,6 +115,10 @@ def _sim_job(spec: JobSpec) -> SimJob:
     )  # fmt: skip
 
 
+class UndefinedHere(ValueError):
+    """A policy that has no meaning for the scenario (the prototype's tree for rings)."""
+
+
 def driver_for(
     policy: str, scenario: Scenario, meta: Mapping[str, Any]
 ) -> tuple[Driver, Discipline]:
@@ -132,7 +136,9 @@ def driver_for(
     if policy == "tl-rr-original":
         if scenario.collective:
             # As the benchmark: the prototype's tree is built on PS ports, a rank has none.
-            raise ValueError(f"{policy} is not defined for collective scenarios ({scenario.key})")
+            raise UndefinedHere(
+                f"{policy} is not defined for collective scenarios ({scenario.key})"
+            )
         # Each PS host its own loop and period, started one host after the other.
         period = float(meta.get("original_interval_s", 20.0))
         hosts = scenario.shaped_hosts

@@ -17,6 +17,7 @@ from tensorlights.sim.calibrate import (
     SIM_ONLY,
     SIMULATED,
     Measured,
+    UndefinedHere,
     baselines,
     calibration,
     fit_tcp,
@@ -134,11 +135,11 @@ def scenarios(keys: str, policies: str, scale: float, sources: tuple[Path, ...])
         for policy in named:
             try:
                 runs = simulate_jobs(scenario, policy, meta, FITTED_TCP, alone, scale)
-            except ValueError as exc:
-                if "not defined" not in str(exc):
-                    raise click.BadParameter(str(exc)) from None
+            except UndefinedHere:
                 cells.append("-")
                 continue
+            except ValueError as exc:
+                raise click.BadParameter(str(exc)) from None
             average = statistics.fmean(jct for jct, _ in runs)
             cells.append(f"{average:.2f} ({max(jct / t for jct, t in runs):.2f})")
         click.echo(f"| {scenario.key} | " + " | ".join(cells) + " |")

@@ -130,14 +130,7 @@ class HostPolicies(DriverBase):
                 continue
             jobs = sim.host_jobs(host)
             if policy.name is PolicyName.PACK:  # the one that reads telemetry
-                plan = policy.evaluate(
-                    now,
-                    jobs,
-                    sim.loads(host),
-                    sim.started(host),
-                    sim.collective(host),
-                    sim.declared(host),
-                )
+                plan = policy.evaluate(now, jobs, *sim.observed(host))
             else:
                 plan = policy.evaluate(now, jobs)
             sim.set_bands(host, plan.bands)
@@ -248,14 +241,7 @@ class Coordinated(DriverBase):
                 self._offer(host, now)
             follower = self.followers[host]
             jobs = sim.host_jobs(host)
-            plan = follower.evaluate(
-                now,
-                jobs,
-                sim.loads(host),
-                sim.started(host),
-                sim.collective(host),
-                sim.declared(host),
-            )
+            plan = follower.evaluate(now, jobs, *sim.observed(host))
             sim.set_bands(host, plan.bands)
             # Scanned as the agent is: its starvation guard watches the clock, under a plan
             # too (its promotions are reported).

@@ -308,6 +308,13 @@ class Simulation:
         """The iterations the jobs present on `host` declare (those that do)."""
         return {j: self.jobs[j].iterations for j in self.measured[host] if self.jobs[j].declares}
 
+    def observed(
+        self, host: str
+    ) -> tuple[dict[str, JobLoad], frozenset[str], frozenset[str], dict[str, int]]:
+        """What `host`'s agent hands pack besides its jobs: their loads, those started, the
+        collective ones and the iterations declared (BandPolicy.evaluate's arguments)."""
+        return self.loads(host), self.started(host), self.collective(host), self.declared(host)
+
     def collective(self, host: str) -> frozenset[str]:
         return frozenset(j for j in self.measured[host] if self.jobs[j].kind is JobKind.COLLECTIVE)
 

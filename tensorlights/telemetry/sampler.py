@@ -38,7 +38,7 @@ from itertools import islice
 from tensorlights.discovery.sockdiag import SockDiag
 from tensorlights.errors import TensorLightsError
 from tensorlights.model import DiscoverySnapshot, TcpInfo
-from tensorlights.policy.packing import JobLoad, Measured, answer_compute, job_load
+from tensorlights.policy.packing import JobLoad, Measured, job_load
 from tensorlights.telemetry.straggler import (
     DEFAULT_MIN_PUSH_BYTES,
     Iteration,
@@ -168,14 +168,14 @@ class TelemetrySampler:
                         for i in newest
                         if i.period is not None  # the first measured: no compute read
                     ]
-                    load = job_load(measured, LOAD_ITERATIONS, count, False, link_rate_bps)
+                    answers = self.tracker.answer_gaps(job)
+                    load = job_load(measured, LOAD_ITERATIONS, count, False, link_rate_bps, answers)
                     cached = self._loads[job] = (count, link_rate_bps, load)
                 if cached[2] is not None:
                     loads[job] = replace(
                         cached[2],
                         busy=job in busy,
                         bytes_hold_waiting=job not in self.tracker.collective,
-                        answer_s=answer_compute(self.tracker.answer_gaps(job)),
                     )
             return loads
 
