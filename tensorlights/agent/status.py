@@ -238,7 +238,11 @@ def read_status_document(path: Path, timeout_s: float = 5.0) -> dict[str, Any]:
 
 def read_status(path: Path, timeout_s: float = 5.0) -> AgentStatus | None:
     """The running agent's status; None while it is starting (before its first pass)."""
-    document = read_status_document(path, timeout_s)
+    return status_of(read_status_document(path, timeout_s))
+
+
+def status_of(document: Mapping[str, Any]) -> AgentStatus | None:
+    """A status document read; None while the agent is starting (before its first pass)."""
     if document.get("state") == "starting":
         return None
     return AgentStatus.from_json(document)

@@ -92,6 +92,13 @@ def main() -> None:
     help="Results folder: trials.jsonl, meta.json, report.md, PNGs. An existing one with the "
     "same settings is resumed (runs already recorded are skipped).",
 )  # fmt: skip
+@click.option(
+    "--status-traces", is_flag=True,
+    help="Keep each agent's status, read every 0.5 s, in OUT/status/SCENARIO-POLICY-REP-HOST"
+    ".jsonl: the JSON `tensorlights-agent status --json` prints (each job's measured load, "
+    "the starvation guard's lags and slack, the bands), with at_s, seconds from the jobs' "
+    "start as the report times the light. To see why a policy did what it did.",
+)  # fmt: skip
 @click.option("--no-plots", is_flag=True, help="Markdown only (no matplotlib).")
 def run(
     scenarios: str,
@@ -106,6 +113,7 @@ def run(
     device: str,
     scale: float,
     out: Path,
+    status_traces: bool,
     no_plots: bool,
 ) -> None:
     """Run every scenario under every policy, REPS times, plus each job profile alone; then
@@ -119,7 +127,7 @@ def run(
         options = RunOptions(
             parse_rate(rate), interval, parse_duration(original_interval), starvation_window,
             fault_at_s=parse_duration(fault_at), fault_down_s=parse_duration(fault_down),
-            device=device,
+            device=device, status_traces=out / "status" if status_traces else None,
         )  # fmt: skip
     except ConfigError as exc:
         raise click.UsageError(str(exc)) from None

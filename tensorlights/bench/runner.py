@@ -26,7 +26,7 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import Protocol
 
-from tensorlights.agent.status import read_status
+from tensorlights.agent.status import read_status, read_status_document, status_of
 from tensorlights.bench import legacy_tc
 from tensorlights.bench.results import JobRun, Trial
 from tensorlights.bench.scenarios import (
@@ -62,6 +62,8 @@ IFNAME = "eth0"
 POLL_S = 0.05
 STATUS_EVERY_S = 0.5
 """How often the agent's status is read for its moves of the light (it keeps its last 20)."""
+STATUS_TRACE = "status.jsonl"
+"""In an agent's workdir, with RunOptions.status_traces: every status read, a line each."""
 LEGACY_PHASE_S = 5.0
 """The prototype on several PS hosts: each host's loop starts this long after the previous
 host's, as its launcher starts them one host after the other, so their 20 s rotations are
@@ -87,6 +89,10 @@ class RunOptions:
     """...and how long a restarted controller stays down."""
     device: str = "cpu"
     """Where the real PyTorch jobs' workers compute (cuda: on a GPU)."""
+    status_traces: Path | None = None
+    """Where each agent's status reads of each run are kept (keep_status_traces); None:
+    nowhere. What a policy saw and decided, read after the run: its measured loads, its
+    starvation guard's lags and slack, its bands."""
 
 
 class Driver(Protocol):
@@ -448,9 +454,13 @@ class AgentOnHost:
 
     def _read_moves(self) -> None:
         try:
-            status = read_status(self.workdir / "agent.sock", timeout_s=1)
+            document = read_status_document(self.workdir / "agent.sock", timeout_s=1)
         except (TransientError, OSError, json.JSONDecodeError):
             return  # the next read catches up: the agent keeps its last 20 moves
+        if self.options.status_traces is not None:
+            with open(self.workdir / STATUS_TRACE, "a") as trace:
+                trace.write(json.dumps({"time": time.time(), "status": document}) + "\n")
+        status = status_of(document)
         if status is not None:
             self.mode = status.mode
             for rotation in status.recent_rotations:
@@ -597,6 +607,18 @@ CONTROLLED = {
 """The controller's policies, by its --policy (the fault runs are controller-pack's)."""
 
 
+def keep_status_traces(workdir: Path, to: Path, run: str, started_wall: float) -> None:
+    """Each agent's status reads of a run (in its workdir, named by its host) into
+    `to`/`run`-HOST.jsonl, each line with at_s: seconds from the jobs' start, as the
+    trial's moves of the light are timed."""
+    to.mkdir(parents=True, exist_ok=True)
+    for trace in sorted(workdir.glob(f"*/{STATUS_TRACE}")):
+        with open(to / f"{run}-{trace.parent.name}.jsonl", "w") as kept:
+            for line in trace.read_text().splitlines():
+                read = json.loads(line)
+                kept.write(json.dumps({"at_s": read["time"] - started_wall, **read}) + "\n")
+
+
 def _tx_bytes(namespaces: Sequence[str]) -> int:
     path = f"/sys/class/net/{IFNAME}/statistics/tx_bytes"
     return sum(int(netns.run(netns.in_ns(ns, "cat", path)).stdout) for ns in namespaces)
@@ -694,6 +716,9 @@ def run_trial(
     def named(moves: Greens) -> tuple[tuple[float, str], ...]:
         return tuple((at - started_wall, jobs[index].name) for at, index in moves)
 
+    if options.status_traces is not None:
+        keep_status_traces(workdir, options.status_traces, f"{scenario}-{policy.value}-{rep}",
+                           started_wall)  # fmt: skip
     host_greens = driver.host_greens() if len(shaped) > 1 else {}
     trial = Trial(
         scenario, policy.value, rep, options.rate_bps, tuple(runs), tx_after - tx_before,

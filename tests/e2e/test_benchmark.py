@@ -23,13 +23,31 @@ def test_a_quick_benchmark_runs_every_policy_and_writes_the_report(tmp_path: Pat
     args = [
         *BENCH, "run", "--scenarios", "b", "--policies", "fifo,fair,tl-rr-original,rotate",
         "--reps", "1", "--scale", "0.2", "--interval", "500ms", "--original-interval", "1s",
-        "--out", str(out),
+        "--status-traces", "--out", str(out),
     ]  # fmt: skip
     result = subprocess.run(args, capture_output=True, text=True, timeout=240)
     assert result.returncode == 0, result.stdout + result.stderr
     trials = [json.loads(line) for line in (out / "trials.jsonl").read_text().splitlines()]
     by_policy = {t["policy"]: t for t in trials}
     assert set(by_policy) == {"alone", "fifo", "fair", "tl-rr-original", "rotate"}
+    # The agent's status, read through the run, is kept (only the agent's run has one), on
+    # the clock of the run's moves of the light: the same moves are in both.
+    assert [p.name for p in (out / "status").iterdir()] == ["b-rotate-0-ps.jsonl"]
+    reads = [json.loads(line) for line in (out / "status" / "b-rotate-0-ps.jsonl").open()]
+    at = [read["at_s"] for read in reads]
+    assert len(reads) >= 5 and at == sorted(at)
+    assert reads[-1]["status"]["policy"] == "rotate"
+    traced = {
+        rotation["job"] for read in reads for rotation in read["status"]["rotations"]["recent"]
+    }
+    assert len(traced) == 3  # the three jobs, by discovery's ids
+    started = reads[0]["time"] - reads[0]["at_s"]
+    moves = {
+        round(rotation["applied"] - started, 3)
+        for read in reads
+        for rotation in read["status"]["rotations"]["recent"]
+    }
+    assert {round(at, 3) for at, _ in by_policy["rotate"]["greens"]} <= moves
     for trial in trials:
         for job in trial["jobs"]:
             assert job["jct_s"] > 0 and len(job["spreads_s"]) == 5
