@@ -211,12 +211,21 @@ class BandPolicy:
         young = self._guard.young(now, MEASURE_GRACE_S, present)
         holding = (young | frozenset(loads)) - frozenset(demands)
         desired = pack_order(current, demands, self._guard.promoted, holding=holding)
-        # ... a reorder waits for the green job's push to end (its iteration boundary).
+        # ... a reorder waits for the green job's push to end (its iteration boundary), but
+        # for a job promoted by its deadline: every second of its slack counts (r2: promoted
+        # with 0.6-1.2 s of slack, the green job's pushes held it 1 s more, it ended late).
         if desired != current:
             if self._reorder_wanted_since is None:
                 self._reorder_wanted_since = now
             top = loads.get(current[0])
-            if top is None or not top.busy or now - self._reorder_wanted_since >= MAX_DEFER_S:
+            due = desired[0] != current[0] and desired[0] in self._guard.slack
+            due = due and desired[0] in self._guard.promoted
+            if (
+                top is None
+                or not top.busy
+                or due
+                or now - self._reorder_wanted_since >= MAX_DEFER_S
+            ):
                 current = desired
         if desired == current:
             self._reorder_wanted_since = None

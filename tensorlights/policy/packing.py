@@ -235,7 +235,12 @@ class StarvationGuard:
     a framework's start-up as waiting only brings the promotion earlier. It is promoted
     once R > DEADLINE_AT x (deadline - now) and stays promoted until it ends: green, R and
     the time left shrink alike, so the same rule would release it at once and promote it
-    again as soon as it waited. P is JobLoad.deadline_period_s. Until it is measured, or
+    again as soon as it waited. P is the shortest JobLoad.deadline_period_s the job has read
+    so far (from its MEASURED_AFTER-th iteration on, and the latest one): waiting only
+    lengthens the reading, and its slack moves by N x (F - 1) + done times any change of P
+    (25-50 x in r2), so the latest reading, which fell from 0.40 to 0.37 s once the job was
+    green, took 1.5 s of slack away after its promotion, and it ended at 2.05x (traced,
+    `bench run --status-traces`). Until it is measured, or
     once it has completed more iterations than it declared (a wrong declaration, or the
     agent counting another job's traffic), the lag rule judges it; and a ring's (a
     collective job's), whose iterations read several per all-reduce while it waits
@@ -249,6 +254,8 @@ class StarvationGuard:
     """When each job began to push (or was first measured)."""
     _iterating_since: dict[str, float] = field(default_factory=dict)
     """When each measured job's iterations began, as of its first measurement."""
+    _shortest_period: dict[str, float] = field(default_factory=dict)
+    """The shortest deadline period each job has read (class doc)."""
     promoted: dict[str, float] = field(default_factory=dict)
     """Promoted job -> its lag (seconds) when last judged, in the order promoted."""
     effective_bound: float = 0.0
@@ -293,7 +300,7 @@ class StarvationGuard:
     def remaining(self, job: str, now: float, load: JobLoad, declared: int) -> tuple[float, float]:
         """A job that declared `declared` iterations: its remaining standalone time and the
         time left to its deadline (class doc), in seconds."""
-        period = load.deadline_period_s
+        period = min(self._shortest_period.get(job, math.inf), load.deadline_period_s)
         deadline = self._first_seen.get(job, now) + self.effective_bound * declared * period
         return (declared - load.iterations) * period, deadline - now
 
@@ -330,6 +337,7 @@ class StarvationGuard:
             if job not in jobs:
                 del self._first_seen[job]
                 self._iterating_since.pop(job, None)
+                self._shortest_period.pop(job, None)
                 self._history.pop(job, None)
                 self.promoted.pop(job, None)
         self.effective_bound = self.feasible_bound(loads, jobs)
@@ -363,6 +371,10 @@ class StarvationGuard:
                 and load.bytes_hold_waiting
             ):
                 remaining, left = self.remaining(job, now, load, total)
+                if load.iterations >= MEASURED_AFTER:  # the first ones' pushes read short
+                    self._shortest_period[job] = min(
+                        self._shortest_period.get(job, math.inf), load.deadline_period_s
+                    )
                 self.slack[job] = left - remaining
                 if job in self.promoted or remaining > DEADLINE_AT * left:
                     candidates[job] = lag

@@ -271,6 +271,30 @@ def test_pack_does_not_wait_forever_for_a_push_to_end() -> None:
     assert policy.evaluate(1.0 + MAX_DEFER_S, {"big", "small"}, busy).green == "small"
 
 
+def test_a_job_promoted_by_its_deadline_takes_the_light_mid_push() -> None:
+    # b (40 iterations of P = 0.5 s: 20 s alone, deadline 40 s from its first push at 0 s)
+    # waits behind a, whose pushes are always in flight; b is promoted once its 20 s of
+    # work exceed 0.85 of the time left (past 16.5 s) and takes the light in the same pass.
+    policy = _pack(starvation_window_s=100.0)
+    jobs = {"a", "b"}
+    green = []
+    for t in range(0, 20):
+        loads = {"a": load(0.3, 0.2, 2 * t, busy=True), "b": load(0.3, 0.2, 0)}
+        plan = policy.evaluate(float(t), jobs, loads, frozenset(jobs), declared={"b": 40})
+        green.append(plan.green)
+    assert green.index("b") == 17 and policy.promoted.keys() == {"b"}
+    # Promoted by its lag instead (no declaration), it waits for a's push to end, or
+    # MAX_DEFER_S.
+    lagging = _pack(starvation_window_s=10.0)
+    for t in range(0, 20):
+        loads = {"a": load(0.3, 0.2, 2 * t, busy=True), "b": load(0.3, 0.2, 0)}
+        plan = lagging.evaluate(float(t), jobs, loads, frozenset(jobs))
+        if "b" in lagging.promoted:
+            break
+    assert plan.green == "a"
+    assert lagging.evaluate(t + MAX_DEFER_S, jobs, loads, frozenset(jobs)).green == "b"
+
+
 def test_pack_arrivals_join_at_the_end_departures_pass_the_light_at_once() -> None:
     policy = _pack()
     loads = {"a": load(0.1, 0.3, busy=True), "b": load(0.1, 0.3)}
@@ -447,3 +471,27 @@ def test_a_deadline_is_reckoned_with_the_workers_answers_where_they_read_shorter
     assert replace(waiting, answer_s=None).deadline_period_s == pytest.approx(0.9)
     guard.update(0.0, {"a": load(0.3, 0.2, 0), "b": waiting}, {"a", "b"}, None, {"b": 40})
     assert guard.slack["b"] == pytest.approx(20.0)
+
+
+def test_a_deadline_keeps_the_shortest_period_the_job_has_read() -> None:
+    # b (40 iterations, 2x) reads P = 0.5 s at its 5th iteration, then 0.6 s while it waits
+    # (waiting lengthens its answers): its deadline stays at 2 x 40 x 0.5 s = 40 s from its
+    # first push, with 35 x 0.5 s of work left. Reckoned with the latest reading its slack
+    # would move by 0.1 s x (40 + 5) = 4.5 s, and back when the reading falls again.
+    guard = StarvationGuard(max_slowdown=2.0, window_s=30.0)
+    jobs = {"a", "b"}
+    guard.update(0.0, {"a": load(0.3, 0.2, 0)}, jobs, None, {"b": 40})  # b's first push
+    guard.update(3.0, {"a": load(0.3, 0.2, 6), "b": load(0.3, 0.2, 5)}, jobs, None, {"b": 40})
+    assert guard.slack["b"] == pytest.approx(40.0 - 3.0 - 35 * 0.5)
+    slower = JobLoad(0.3, 0.3, 5, False)
+    guard.update(4.0, {"a": load(0.3, 0.2, 8), "b": slower}, jobs, None, {"b": 40})
+    assert guard.slack["b"] == pytest.approx(40.0 - 4.0 - 35 * 0.5)
+    # Before its MEASURED_AFTER-th iteration a reading is not kept: its first pushes read
+    # short (a framework's first gaps include its start-up).
+    early = StarvationGuard(max_slowdown=2.0, window_s=30.0)
+    early.update(0.0, {"a": load(0.3, 0.2, 0)}, jobs, None, {"b": 40})
+    early.update(
+        1.0, {"a": load(0.3, 0.2, 2), "b": JobLoad(0.1, 0.1, 1, False)}, jobs, None, {"b": 40}
+    )
+    early.update(3.0, {"a": load(0.3, 0.2, 6), "b": load(0.3, 0.2, 5)}, jobs, None, {"b": 40})
+    assert early.slack["b"] == pytest.approx(40.0 - 3.0 - 35 * 0.5)
