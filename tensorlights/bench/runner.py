@@ -717,8 +717,8 @@ def run_trial(
         return tuple((at - started_wall, jobs[index].name) for at, index in moves)
 
     if options.status_traces is not None:
-        keep_status_traces(workdir, options.status_traces, f"{scenario}-{policy.value}-{rep}",
-                           started_wall)  # fmt: skip
+        run = f"{scenario}-{policy.value}-{rep}"
+        keep_status_traces(workdir, options.status_traces, run, started_wall)
     host_greens = driver.host_greens() if len(shaped) > 1 else {}
     trial = Trial(
         scenario, policy.value, rep, options.rate_bps, tuple(runs), tx_after - tx_before,

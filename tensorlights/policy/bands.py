@@ -218,8 +218,7 @@ class BandPolicy:
             if self._reorder_wanted_since is None:
                 self._reorder_wanted_since = now
             top = loads.get(current[0])
-            due = desired[0] != current[0] and desired[0] in self._guard.slack
-            due = due and desired[0] in self._guard.promoted
+            due = desired[0] != current[0] and self._guard.by_deadline(desired[0])
             if (
                 top is None
                 or not top.busy

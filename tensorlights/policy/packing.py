@@ -300,9 +300,18 @@ class StarvationGuard:
     def remaining(self, job: str, now: float, load: JobLoad, declared: int) -> tuple[float, float]:
         """A job that declared `declared` iterations: its remaining standalone time and the
         time left to its deadline (class doc), in seconds."""
-        period = min(self._shortest_period.get(job, math.inf), load.deadline_period_s)
+        period = self.period(job, load)
         deadline = self._first_seen.get(job, now) + self.effective_bound * declared * period
         return (declared - load.iterations) * period, deadline - now
+
+    def period(self, job: str, load: JobLoad) -> float:
+        """The standalone period a job's deadline is reckoned with: the shortest it has read,
+        the latest reading included (class doc)."""
+        return min(self._shortest_period.get(job, math.inf), load.deadline_period_s)
+
+    def by_deadline(self, job: str) -> bool:
+        """`job` is promoted, judged by its deadline (as of the last update)."""
+        return job in self.promoted and job in self.slack
 
     def young(self, now: float, within_s: float, jobs: set[str]) -> frozenset[str]:
         """Of `jobs`, those that began to push less than `within_s` ago or not yet (as of
@@ -372,9 +381,7 @@ class StarvationGuard:
             ):
                 remaining, left = self.remaining(job, now, load, total)
                 if load.iterations >= MEASURED_AFTER:  # the first ones' pushes read short
-                    self._shortest_period[job] = min(
-                        self._shortest_period.get(job, math.inf), load.deadline_period_s
-                    )
+                    self._shortest_period[job] = self.period(job, load)
                 self.slack[job] = left - remaining
                 if job in self.promoted or remaining > DEADLINE_AT * left:
                     candidates[job] = lag
