@@ -25,8 +25,9 @@ from tensorlights.policy.packing import JobLoad
 from tensorlights.policy.schedule import HostSchedule, PlanFollower
 
 Loads = Callable[[], Mapping[str, JobLoad]]
-Started = Callable[[], frozenset[str] | None]
-"""The jobs telemetry has seen push; None: not known (telemetry off)."""
+Started = Callable[[], Mapping[str, float] | None]
+"""The jobs telemetry has seen push, each with when its first push began (the clock's
+time); None: not known (telemetry off)."""
 """What telemetry measures per job now (the `pack` policy's input)."""
 
 

@@ -150,15 +150,15 @@ class BandPolicy:
         now: float,
         jobs: set[str] | frozenset[str],
         loads: Mapping[str, JobLoad] | None = None,
-        started: frozenset[str] | None = None,
+        started: Mapping[str, float] | None = None,
         spanning: frozenset[str] = frozenset(),
         declared: Mapping[str, int] | None = None,
     ) -> BandPlan:
         """`loads`: what telemetry measured per job; `started`: the jobs telemetry has seen
-        push (None: not known, all count as started); `spanning`: jobs whose traffic spans
-        hosts (collective ones), ordered by name when they appear together; `declared`: the
-        total iterations of the jobs that declared them (StarvationGuard). Used by `pack`
-        only."""
+        push, each with when its first push began (None: not known, all count as started
+        when first evaluated); `spanning`: jobs whose traffic spans hosts (collective ones),
+        ordered by name when they appear together; `declared`: the total iterations of the
+        jobs that declared them (StarvationGuard). Used by `pack` only."""
         previous_green = self._green
         self._track(jobs, now)
         if self.name is PolicyName.FIFO or not self._order:
@@ -190,7 +190,7 @@ class BandPolicy:
         self,
         now: float,
         loads: Mapping[str, JobLoad],
-        started: frozenset[str] | None,
+        started: Mapping[str, float] | None,
         spanning: frozenset[str],
         declared: Mapping[str, int] | None,
         previous_green: str | None,
@@ -244,7 +244,7 @@ class BandPolicy:
         now: float,
         jobs: set[str] | frozenset[str],
         loads: Mapping[str, JobLoad],
-        started: frozenset[str] | None,
+        started: Mapping[str, float] | None,
         declared: Mapping[str, int] | None = None,
     ) -> None:
         """The starvation guard's view while the controller orders the jobs (PlanFollower):

@@ -232,7 +232,7 @@ class PlanFollower:
         now: float,
         jobs: set[str] | frozenset[str],
         loads: Mapping[str, JobLoad] | None = None,
-        started: frozenset[str] | None = None,
+        started: Mapping[str, float] | None = None,
         spanning: frozenset[str] = frozenset(),
         declared: Mapping[str, int] | None = None,
     ) -> BandPlan:

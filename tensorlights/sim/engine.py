@@ -140,6 +140,7 @@ class HostJob:
     recent: deque[Measured] = field(default_factory=lambda: deque(maxlen=COMPUTE_ITERATIONS))
     count: int = 0
     push_started: float | None = None
+    first_push_started: float | None = None
     last_push_end: float | None = None
     bytes_this_push: int = 0
     flows_left: int = 0
@@ -310,7 +311,7 @@ class Simulation:
 
     def observed(
         self, host: str
-    ) -> tuple[dict[str, JobLoad], frozenset[str], frozenset[str], dict[str, int]]:
+    ) -> tuple[dict[str, JobLoad], dict[str, float], frozenset[str], dict[str, int]]:
         """What `host`'s agent hands pack besides its jobs: their loads, those started, the
         collective ones and the iterations declared (BandPolicy.evaluate's arguments)."""
         return self.loads(host), self.started(host), self.collective(host), self.declared(host)
@@ -318,8 +319,13 @@ class Simulation:
     def collective(self, host: str) -> frozenset[str]:
         return frozenset(j for j in self.measured[host] if self.jobs[j].kind is JobKind.COLLECTIVE)
 
-    def started(self, host: str) -> frozenset[str]:
-        return frozenset(j for j, r in self.measured[host].items() if r.push_started is not None)
+    def started(self, host: str) -> dict[str, float]:
+        """The jobs that have begun to push on `host`, each with when its first push began."""
+        return {
+            j: r.first_push_started
+            for j, r in self.measured[host].items()
+            if r.first_push_started is not None
+        }
 
     def set_bands(self, host: str, bands: Mapping[str, int]) -> None:
         link = self.links[host]
@@ -496,6 +502,8 @@ class Simulation:
     def _traffic_began(self, name: str, host: str, started: float) -> None:
         record = self.measured[host][name]
         record.push_started = started
+        if record.first_push_started is None:
+            record.first_push_started = started
         record.bytes_this_push = self.running[name].job.pushed_bytes
         record.flows_left = 1
 
@@ -768,6 +776,8 @@ class Simulation:
                 record.last_push_end = last + traffic_s
             for k in range(first, upto):
                 record.push_started = skip.start + k * skip.period_s + skip.traffic_at
+                if record.first_push_started is None:
+                    record.first_push_started = record.push_started
                 record.bytes_this_push = pushed
                 self._push_ended(record, record.push_started + traffic_s)
         skip.recorded = upto

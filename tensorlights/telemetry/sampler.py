@@ -179,12 +179,12 @@ class TelemetrySampler:
                     )
             return loads
 
-    def started(self) -> frozenset[str]:
-        """Jobs that have pushed at least a push's worth of bytes since tracking began: past
-        their start-up (imports, rendezvous, data loading), in which they send nothing."""
+    def started(self) -> dict[str, float]:
+        """Jobs that have pushed at least a push's worth of bytes since tracking began (past
+        their start-up: imports, rendezvous, data loading, in which they send nothing), each
+        with when that first push began (StragglerTracker.first_push_began)."""
         with self._lock:
-            minimum = self.tracker.min_push_bytes
-            return frozenset(job for job, n in self.tracker.sent_bytes.items() if n >= minimum)
+            return dict(self.tracker.first_push_began)
 
     def sent_counters(self) -> dict[str, tuple[int, int]]:
         """Per job: (bytes acknowledged, data segments sent) since tracking began."""

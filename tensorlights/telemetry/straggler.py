@@ -250,6 +250,11 @@ class StragglerTracker:
         """Bytes acknowledged per job since tracking began (for byte counters)."""
         self.sent_packets: dict[str, int] = {}
         """Data segments sent per job since tracking began."""
+        self.first_push_began: dict[str, float] = {}
+        """Jobs that have sent `min_push_bytes` since tracking began: when the push that
+        carried them began (on the connection whose bytes made up the count), not when its
+        bytes were acknowledged: a push held below the green job from its start is
+        acknowledged seconds later."""
         self.collective: frozenset[str] = frozenset()
         """Jobs of ranks (all-reduce rings): their steps are joined (see the module doc)."""
 
@@ -428,6 +433,7 @@ class StragglerTracker:
             closed.extend(state.held)  # it never answered
             self.sent_bytes.pop(job, None)
             self.sent_packets.pop(job, None)
+            self.first_push_began.pop(job, None)
         return closed
 
     def _regroup(self, job: str, state: _Job, by_answers: bool) -> list[Iteration]:
@@ -602,7 +608,12 @@ class StragglerTracker:
             )  # fmt: skip
             return None, None
         if info.bytes_acked > state.acked_last:
-            self.sent_bytes[job] = self.sent_bytes.get(job, 0) + info.bytes_acked - state.acked_last
+            sent = self.sent_bytes[job] = (
+                self.sent_bytes.get(job, 0) + info.bytes_acked - state.acked_last
+            )
+            if sent >= self.min_push_bytes and job not in self.first_push_began:
+                busy_by = state.busy_at if state.busy_at is not None else now
+                self.first_push_began[job] = _began(state.idle_at, busy_by)
         state.acked_last = info.bytes_acked
         if info.data_segs_out > state.segs_last:
             self.sent_packets[job] = (

@@ -221,7 +221,9 @@ def test_guard_does_not_count_start_up_after_the_first_bytes_as_waiting() -> Non
     for t in range(0, 30):
         done = max(t - 9, 0)
         loads = {"a": load(0.25, 0.25, 2 * done), "b": load(0.25, 0.25, 2 * done // 3)}
-        guard.update(float(t), {j: v for j, v in loads.items() if done}, jobs, frozenset(jobs))
+        guard.update(
+            float(t), {j: v for j, v in loads.items() if done}, jobs, dict.fromkeys(jobs, 0.0)
+        )
         promoted_at += [t] if "b" in guard.promoted else []
     # Counted from its first bytes b had lost 12 s at 15 s in (15 - 2 x 0.5 = 14 s), and
     # 29 - 6.5 = 22.5 s at the end; counted from when it was first measured iterating (10 s),
@@ -229,9 +231,9 @@ def test_guard_does_not_count_start_up_after_the_first_bytes_as_waiting() -> Non
     assert promoted_at == [29] and guard.lags["b"] == pytest.approx(12.5)
     starved = StarvationGuard(max_slowdown=2.0, window_s=10.0)
     for t in range(0, 6):
-        starved.update(float(t), {}, {"x"}, frozenset({"x"}))
+        starved.update(float(t), {}, {"x"}, {"x": 0.0})
     assert "x" in starved.promoted  # waited 5 s with nothing done: 4 s allowed
-    starved.update(6.0, {"x": load(0.25, 0.25, 2)}, {"x"}, frozenset({"x"}))
+    starved.update(6.0, {"x": load(0.25, 0.25, 2)}, {"x"}, {"x": 0.0})
     assert "x" in starved.promoted  # its first iteration does not wipe out its wait
 
 
@@ -274,25 +276,25 @@ def test_pack_does_not_wait_forever_for_a_push_to_end() -> None:
 def test_a_job_promoted_by_its_deadline_takes_the_light_mid_push() -> None:
     # b (40 iterations of P = 0.5 s: 20 s alone, deadline 40 s from its first push at 0 s)
     # waits behind a, whose pushes are always in flight; b is promoted once its 20 s of
-    # work exceed 0.85 of the time left (past 16.5 s) and takes the light in the same pass.
+    # work exceed 0.88 of the time left (past 17.3 s) and takes the light in the same pass.
     policy = _pack(starvation_window_s=100.0)
     jobs = {"a", "b"}
     green = []
     for t in range(0, 20):
         loads = {"a": load(0.3, 0.2, 2 * t, busy=True), "b": load(0.3, 0.2, 0)}
-        plan = policy.evaluate(float(t), jobs, loads, frozenset(jobs), declared={"b": 40})
+        plan = policy.evaluate(float(t), jobs, loads, dict.fromkeys(jobs, 0.0), declared={"b": 40})
         green.append(plan.green)
-    assert green.index("b") == 17 and policy.promoted.keys() == {"b"}
+    assert green.index("b") == 18 and policy.promoted.keys() == {"b"}
     # Promoted by its lag instead (no declaration), it waits for a's push to end, or
     # MAX_DEFER_S.
     lagging = _pack(starvation_window_s=10.0)
     for t in range(0, 20):
         loads = {"a": load(0.3, 0.2, 2 * t, busy=True), "b": load(0.3, 0.2, 0)}
-        plan = lagging.evaluate(float(t), jobs, loads, frozenset(jobs))
+        plan = lagging.evaluate(float(t), jobs, loads, dict.fromkeys(jobs, 0.0))
         if "b" in lagging.promoted:
             break
     assert plan.green == "a"
-    assert lagging.evaluate(t + MAX_DEFER_S, jobs, loads, frozenset(jobs)).green == "b"
+    assert lagging.evaluate(t + MAX_DEFER_S, jobs, loads, dict.fromkeys(jobs, 0.0)).green == "b"
 
 
 def test_pack_arrivals_join_at_the_end_departures_pass_the_light_at_once() -> None:
@@ -347,9 +349,9 @@ def test_start_up_without_traffic_is_not_starvation() -> None:
     policy = _pack(starvation_window_s=30.0)
     jobs = {"a", "b"}
     for t in range(0, 20):
-        policy.evaluate(float(t), jobs, {}, frozenset())
+        policy.evaluate(float(t), jobs, {}, {})
     assert policy.pack_view().lag_s == {"a": 0.0, "b": 0.0}
-    both = frozenset(jobs)
+    both = dict.fromkeys(jobs, 20.0)
     for t in range(20, 30):
         loads = {"a": load(0.2, 0.2, 2 * (t - 20)), "b": load(0.2, 0.2, 0)}
         plan = policy.evaluate(float(t), jobs, loads, both)
@@ -418,7 +420,7 @@ def _deadline_run(declared: dict[str, int], window_s: float, b_first_s: int = 0)
         if "b" in guard.promoted:
             promoted_at.append(t)
         loads = {"a": load(0.3, 0.2, 2 * t), "b": load(0.3, 0.2, done)}
-        guard.update(float(t), loads, jobs, frozenset(jobs), declared)
+        guard.update(float(t), loads, jobs, dict.fromkeys(jobs, 0.0), declared)
         if done >= 40:
             break
     return promoted_at
@@ -427,9 +429,9 @@ def _deadline_run(declared: dict[str, int], window_s: float, b_first_s: int = 0)
 def test_guard_promotes_a_job_that_declared_its_iterations_when_its_deadline_needs_it() -> None:
     # b declares 40 iterations: 20 s alone, so it ends within 2x if it ends by 40 s from its
     # first push. It must run at full speed from 20 s on; the guard acts once its remaining
-    # 20 s exceed DEADLINE_AT (0.85) of the time left: past 16.5 s. It then stays promoted
+    # 20 s exceed DEADLINE_AT (0.88) of the time left: past 17.3 s. It then stays promoted
     # until it ends (its remaining time and the time left shrink alike).
-    assert _deadline_run({"b": 40}, window_s=100.0) == list(range(18, 38))
+    assert _deadline_run({"b": 40}, window_s=100.0) == list(range(19, 39))
     # Judged by its past waiting alone over a 100 s window, it is promoted only once it has
     # lost 0.8 x half of the window (40 s): it then ends past 60 s, 3x its time alone.
     assert _deadline_run({}, window_s=100.0)[0] == 42
@@ -438,8 +440,8 @@ def test_guard_promotes_a_job_that_declared_its_iterations_when_its_deadline_nee
 def test_guard_lets_a_job_wait_that_its_declared_iterations_say_will_end_in_time() -> None:
     # b does 30 of its 40 iterations in its first 15 s, then waits: 5 s of work left, 25 s
     # to its deadline. Judged by its lag over a 20 s window it is promoted after 11 s of
-    # waiting (lag t - 15 over 0.4 t); by its deadline, only once its 5 s exceed 0.85 of
-    # the time left (past 34.1 s), and it still ends by 40 s.
+    # waiting (lag t - 15 over 0.4 t); by its deadline, only once its 5 s exceed 0.88 of
+    # the time left (past 34.3 s), and it still ends by 40 s.
     assert _deadline_run({}, window_s=20.0, b_first_s=15)[0] == 27
     by_deadline = _deadline_run({"b": 40}, window_s=20.0, b_first_s=15)
     assert by_deadline[0] == 36 and by_deadline[-1] <= 40
@@ -451,7 +453,7 @@ def test_guard_judges_by_the_lag_where_a_declared_count_cannot_be_believed() -> 
     ring = JobLoad(0.3, 0.2, 0, False, bytes_hold_waiting=False)  # its count reads high
     for t in range(0, 8):
         loads = {"a": load(0.3, 0.2, 2 * t), "ring": ring, "over": load(0.3, 0.2, 50)}
-        guard.update(float(t), loads, jobs, frozenset(jobs), {"ring": 1000, "over": 40})
+        guard.update(float(t), loads, jobs, dict.fromkeys(jobs, 0.0), {"ring": 1000, "over": 40})
     # Both would wait long by a deadline (1000 iterations; or none left of 40); by their
     # lag over the 10 s window (4 s allowed at 0.8) they are candidates after 5 s.
     assert set(guard.lags) == jobs and not guard.slack
@@ -471,6 +473,20 @@ def test_a_deadline_is_reckoned_with_the_workers_answers_where_they_read_shorter
     assert replace(waiting, answer_s=None).deadline_period_s == pytest.approx(0.9)
     guard.update(0.0, {"a": load(0.3, 0.2, 0), "b": waiting}, {"a", "b"}, None, {"b": 40})
     assert guard.slack["b"] == pytest.approx(20.0)
+
+
+def test_a_deadline_is_counted_from_when_the_first_push_began() -> None:
+    # b's first push began at 0 s but, held below a from its start, was acknowledged (b
+    # started) only at 2 s: it has waited since 0 s, and its deadline is 2 x 40 x 0.5 s =
+    # 40 s from 0 s, not from 2 s.
+    guard = StarvationGuard(max_slowdown=2.0, window_s=30.0)
+    jobs = {"a", "b"}
+    guard.update(0.0, {}, jobs, {"a": 0.0}, {"b": 40})
+    assert guard.lags["b"] == 0.0  # not started: not waiting
+    guard.update(2.0, {}, jobs, {"a": 0.0, "b": 0.0}, {"b": 40})
+    assert guard.lags["b"] == pytest.approx(2.0)
+    guard.update(3.0, {"b": load(0.3, 0.2, 1)}, jobs, {"a": 0.0, "b": 0.0}, {"b": 40})
+    assert guard.slack["b"] == pytest.approx(40.0 - 3.0 - 39 * 0.5)
 
 
 def test_a_deadline_keeps_the_shortest_period_the_job_has_read() -> None:

@@ -414,6 +414,24 @@ def test_a_job_is_sending_from_its_first_push_not_from_its_first_connection() ->
     assert sending_from == 1.0
 
 
+def test_a_jobs_first_push_is_dated_from_when_it_began_not_when_it_was_acknowledged() -> None:
+    # Held below the green job from its start, a push has nothing acknowledged for 1.5 s:
+    # the job has pushed since it was first seen busy (between 0.0 and 0.1 s), which the
+    # starvation guard counts its waiting and its deadline from.
+    tracker = StragglerTracker(min_push_bytes=16 * 1024)
+    idle = TcpInfo(0, 0, 0, 0, 100, 0, 0, 0, 0, 0, 10**6, 0)
+    tracker.observe(0.0, [("job", "c", idle)])
+    for k in range(1, 16):
+        tracker.observe(k / 10, [("job", "c", idle._replace(unacked=10, bytes_acked=500))])
+        assert "job" not in tracker.first_push_began  # 500 bytes: no push's worth yet
+    tracker.observe(1.6, [("job", "c", idle._replace(unacked=10, bytes_acked=40_000))])
+    assert tracker.first_push_began == {"job": pytest.approx(0.05)}
+    tracker.observe(1.7, [("job", "c", idle._replace(bytes_acked=10**6))])
+    assert tracker.first_push_began == {"job": pytest.approx(0.05)}  # the first one's only
+    tracker.observe(1.8, [])
+    assert tracker.first_push_began == {}  # gone with the job
+
+
 def ring_rank(
     iterations: int,
     compute: float,
