@@ -156,6 +156,12 @@ class HostJob:
             self._load = ((self.count, busy), load)
         return self._load[1]
 
+    def push_began(self, at: float) -> None:
+        """A push began at `at` (the first one's time is kept: Simulation.started)."""
+        self.push_started = at
+        if self.first_push_started is None:
+            self.first_push_started = at
+
 
 class Driver(Protocol):
     """Sets the links' bands: `evaluate` is called for the hosts with news (see the module
@@ -501,9 +507,7 @@ class Simulation:
 
     def _traffic_began(self, name: str, host: str, started: float) -> None:
         record = self.measured[host][name]
-        record.push_started = started
-        if record.first_push_started is None:
-            record.first_push_started = started
+        record.push_began(started)
         record.bytes_this_push = self.running[name].job.pushed_bytes
         record.flows_left = 1
 
@@ -775,9 +779,8 @@ class Simulation:
                 last = skip.start + (first - 1) * skip.period_s + skip.traffic_at
                 record.last_push_end = last + traffic_s
             for k in range(first, upto):
-                record.push_started = skip.start + k * skip.period_s + skip.traffic_at
-                if record.first_push_started is None:
-                    record.first_push_started = record.push_started
+                began = skip.start + k * skip.period_s + skip.traffic_at
+                record.push_began(began)
                 record.bytes_this_push = pushed
-                self._push_ended(record, record.push_started + traffic_s)
+                self._push_ended(record, began + traffic_s)
         skip.recorded = upto
