@@ -511,3 +511,18 @@ def test_a_deadline_keeps_the_shortest_period_the_job_has_read() -> None:
     )
     early.update(3.0, {"a": load(0.3, 0.2, 6), "b": load(0.3, 0.2, 5)}, jobs, None, {"b": 40})
     assert early.slack["b"] == pytest.approx(40.0 - 3.0 - 35 * 0.5)
+
+
+def test_a_deadline_shrugs_off_one_short_reading_of_the_period() -> None:
+    # b (40 iterations, 2x) reads P = 0.5 s at its 5th iteration, 0.4 s at its 6th (a misread
+    # answer), then 0.5 s again: reckoned with 0.4 s its slack would be 0.1 s x (40 + 6) =
+    # 4.6 s shorter. A second iteration read at 0.45 s makes 0.45 s the period.
+    guard = StarvationGuard(max_slowdown=2.0, window_s=30.0)
+    jobs = {"a", "b"}
+    guard.update(0.0, {"a": load(0.3, 0.2, 0)}, jobs, None, {"b": 40})  # b's first push
+    guard.update(3.0, {"a": load(0.3, 0.2, 6), "b": load(0.3, 0.2, 5)}, jobs, None, {"b": 40})
+    guard.update(3.5, {"a": load(0.3, 0.2, 7), "b": load(0.3, 0.1, 6)}, jobs, None, {"b": 40})
+    guard.update(4.0, {"a": load(0.3, 0.2, 8), "b": load(0.3, 0.2, 6)}, jobs, None, {"b": 40})
+    assert guard.slack["b"] == pytest.approx(40.0 - 4.0 - 34 * 0.5)
+    guard.update(4.5, {"a": load(0.3, 0.2, 9), "b": load(0.3, 0.15, 7)}, jobs, None, {"b": 40})
+    assert guard.slack["b"] == pytest.approx(2 * 40 * 0.45 - 4.5 - 33 * 0.45)
