@@ -111,6 +111,9 @@ class PackView:
     slack_s: Mapping[str, float] = field(default_factory=dict)
     """Jobs judged by their declared iterations: how long each can still wait and end
     within the bound (seconds; promoted before it reaches 0)."""
+    not_iterative: frozenset[str] = frozenset()
+    """Jobs green long enough to be measured that completed no iteration (bulk traffic):
+    never promoted for their lag (packing.StarvationGuard.not_iterative)."""
 
 
 @dataclass
@@ -196,7 +199,7 @@ class BandPolicy:
         previous_green: str | None,
     ) -> BandPlan:
         present = set(self._order)
-        self._guard.update(now, loads, present, started, declared)
+        self._guard.update(now, loads, present, started, declared, previous_green)
         self.on_top.update(previous_green, loads)
         # Arrivals and departures take effect at once (an arrival joins at the end; when the
         # green job left, the next one is green) ...
@@ -246,10 +249,12 @@ class BandPolicy:
         loads: Mapping[str, JobLoad],
         started: Mapping[str, float] | None,
         declared: Mapping[str, int] | None = None,
+        green: str | None = None,
     ) -> None:
         """The starvation guard's view while the controller orders the jobs (PlanFollower):
-        its promotions are reported, for the cluster-wide order to keep the bound."""
-        self._guard.update(now, loads, set(jobs), started, declared)
+        its promotions are reported, for the cluster-wide order to keep the bound. `green`:
+        the job green here since the previous evaluation."""
+        self._guard.update(now, loads, set(jobs), started, declared, green)
 
     @property
     def promoted(self) -> dict[str, float]:
@@ -269,6 +274,7 @@ class BandPolicy:
                 for job, span in self._guard.spans.items()
             },
             slack_s=dict(self._guard.slack),
+            not_iterative=self._guard.not_iterative,
         )
 
     def _track(self, jobs: set[str] | frozenset[str], now: float) -> None:

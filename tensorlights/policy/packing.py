@@ -46,12 +46,15 @@ reach each rank's host at a different time).
 Starvation bound (StarvationGuard): a job whose time lost to waiting over its life so far
 (at least `window_s`, at most the last HORIZON_WINDOWS windows) approaches what
 `max_slowdown` allows is promoted to the front until it has caught up; a job promoted stays
-ahead of those promoted after it. A job that declares its iterations (its launcher, or the
-user, sets TENSORLIGHTS_ITERATIONS) is judged by its deadline instead: promoted only once it
-must run at full speed from then on to end within the bound. Its past waiting alone cannot
-tell a job that will still end within the bound from one that will not, and the lag rule
-paid 8-12% of average JCT over TL-One in the simulator where the jobs outlive the window
-and TL-One kept every job under the bound (docs/benchmarks.md, `--scale 3`).
+ahead of those promoted after it. A job that pushed and was green MEASURE_GRACE_S without
+completing an iteration is not iterative (a bulk copy): never promoted for its lag, which
+would only grow, and would keep it green for good. A job that declares its iterations (its
+launcher, or the user, sets TENSORLIGHTS_ITERATIONS) is judged by its deadline instead:
+promoted only once it must run at full speed from then on to end within the bound. Its past
+waiting alone cannot tell a job that will still end within the bound from one that will
+not, and the lag rule paid 8-12% of average JCT over TL-One in the simulator where the jobs
+outlive the window and TL-One kept every job under the bound (docs/benchmarks.md, `--scale
+3`).
 """
 
 from __future__ import annotations
@@ -98,7 +101,9 @@ average; at 0.88 it matches TL-One in r1 at x1 and x3 and keeps r2 (1.97, 1.95);
 over TL-One in r1 at `--scale 3`."""
 MEASURE_GRACE_S = 10.0
 """An unmeasured job keeps its place in pack's order this long after it appeared; past it,
-a job still without a demand (traffic that is not iterative) goes behind the measured."""
+a job still without a demand (traffic that is not iterative) goes behind the measured. And
+a job green this long without a demand is not iterative: the starvation guard no longer
+promotes it (StarvationGuard.not_iterative)."""
 
 
 def wire_bytes(payload: float, mss: int = MSS, headers: int = HEADER_BYTES) -> float:
@@ -280,6 +285,12 @@ class StarvationGuard:
     slack: dict[str, float] = field(default_factory=dict)
     """Jobs judged by their deadline: how long each can still wait (seconds; its deadline
     less now less its remaining standalone time) when last judged."""
+    not_iterative: frozenset[str] = frozenset()
+    """Jobs that pushed, were green MEASURE_GRACE_S and still completed no iteration (a bulk
+    copy, not a training job) as of the last update: never promoted for their lag."""
+    _green_unmeasured_s: dict[str, float] = field(default_factory=dict)
+    """Per job that began to push, how long it has been green without a load."""
+    _updated_at: float | None = None
 
     @property
     def horizon_s(self) -> float:
@@ -359,12 +370,14 @@ class StarvationGuard:
         jobs: set[str],
         started: Mapping[str, float] | None = None,
         declared: Mapping[str, int] | None = None,
+        green: str | None = None,
     ) -> None:
         """`started`: the jobs that have begun to push, each with when its first push began
         (None: all, from now). A job's span opens when it starts pushing or is measured, not
         when its processes appear: a framework's imports, rendezvous and data loading take
         seconds to minutes, without traffic.
-        `declared`: the total iterations of the jobs that declared them (class doc)."""
+        `declared`: the total iterations of the jobs that declared them (class doc).
+        `green`: the job green since the previous update (not_iterative)."""
         declared = declared or {}
         for job in list(self._first_seen):
             if job not in jobs:
@@ -372,7 +385,9 @@ class StarvationGuard:
                 self._iterating_since.pop(job, None)
                 self._period_readings.pop(job, None)
                 self._history.pop(job, None)
+                self._green_unmeasured_s.pop(job, None)
                 self.promoted.pop(job, None)
+        self._judge_iterative(now, loads, green)
         self.effective_bound = self.feasible_bound(loads, jobs)
         candidates: dict[str, float] = {}
         self.lags, self.spans, self.slack = {}, {}, {}
@@ -413,6 +428,8 @@ class StarvationGuard:
                 if job in self.promoted or remaining > DEADLINE_AT * left:
                     candidates[job] = lag
                 continue
+            if job in self.not_iterative:
+                continue
             limit = PROMOTE_AT * self.allowed(self.effective_bound, span)
             if lag > limit or (job in self.promoted and lag >= RELEASE_AT * limit):
                 candidates[job] = lag
@@ -425,6 +442,25 @@ class StarvationGuard:
         )
         demands = {job: loads[job].demand if job in loads else 1.0 for job in behind}
         self.promoted = {job: candidates[job] for job in fits_together(behind, demands)}
+
+    def _judge_iterative(self, now: float, loads: Mapping[str, JobLoad], green: str | None) -> None:
+        """A job without a load has lag = all its time present, so the lag rule promotes it
+        (a job starved from its start has completed nothing to measure). Green, an
+        iterative job completes iterations and gets a load within seconds; one that pushed
+        and was green MEASURE_GRACE_S without a load is not iterative, and promoted for its
+        lag it would keep the light for good (its lag only grows) while the training jobs
+        wait behind it."""
+        for job in list(self._green_unmeasured_s):
+            if job in loads:
+                del self._green_unmeasured_s[job]
+        previous, self._updated_at = self._updated_at, now
+        if previous is not None and green in self._first_seen and green not in loads:
+            assert green is not None  # a key of _first_seen
+            seconds = self._green_unmeasured_s.get(green, 0.0) + now - previous
+            self._green_unmeasured_s[green] = seconds
+        self.not_iterative = frozenset(
+            job for job, seconds in self._green_unmeasured_s.items() if seconds >= MEASURE_GRACE_S
+        )
 
 
 @dataclass

@@ -14,7 +14,9 @@ from typing import Any
 
 import pytest
 
+from tensorlights.policy.packing import MEASURE_GRACE_S
 from tensorlights.testbed import netns, traffic
+from tensorlights.testbed.psjob import start_job, tf_job_id, tf_launcher_env
 from tensorlights.testbed.socket_holder import clean_env, start_holder
 
 from ..functional.tcutil import root_qdisc, sink_result, start_sink
@@ -106,6 +108,54 @@ def test_agent_finds_tf_jobs_shapes_the_link_and_rotates_the_light(
 
     assert agent.stop() == 0  # SIGTERM: clean stop, interface restored
     assert root_qdisc(pair.a.ns, "veth-a")["kind"] == "noqueue"
+
+
+def test_a_bulk_copy_gets_no_demand_and_does_not_keep_the_light(
+    pair: netns.HostPair, agents: list[AgentProcess], tmp_path: Path
+) -> None:
+    """A training job and, arriving after it, a PS that streams without pause (a copy, not
+    iterations) under pack with a 4 s starvation window: the copy is never measured, so its
+    lag is all its time and the guard promotes it (1.6 s allowed); green MEASURE_GRACE_S
+    with still no iteration, it is not iterative and goes back behind the training job for
+    good. Before, promoted for its ever-growing lag, it kept the light while it streamed."""
+    (tmp_path / "agent.toml").write_text('policy = "pack"\nstarvation_window = "4s"\n')
+    agent = AgentProcess(pair, tmp_path)
+    agents.append(agent)
+    agent.wait_status(lambda d: "telemetry" in d)
+    training = tf_job_id("it", 2)
+    job = start_job(
+        pair.a.exec_args(), [pair.b.exec_args()], pair.a.ipv4, clean_env(tf_launcher_env("it", 2)),
+        workers=2, model_bytes=2_000_000, iterations=200, compute_s=0.2,
+    )  # fmt: skip
+    bulk: subprocess.Popen[str] | None = None
+    sink: subprocess.Popen[str] | None = None
+    try:
+        agent.wait_status(lambda d: training in d.get("pack", {}).get("loads", {}), deadline_s=30)
+        bulk = traffic.start_server(
+            pair.a.ns, [PORTS["a"]], max_seconds=60, env=clean_env({"TF_CONFIG": tf_config("a")})
+        )
+        sink = start_sink([f"{pair.a.ipv4}:{PORTS['a']}"], 40.0, 0.5, pair)
+        document = agent.wait_status(lambda d: d["pack"]["not_iterative"], deadline_s=30)
+        (copy,) = document["pack"]["not_iterative"]
+        assert copy != training and copy not in document["pack"]["loads"]
+        # The copy had the light once, for MEASURE_GRACE_S, between the training job's turns.
+        greens = [(r["job"], r["since"]) for r in document["rotations"]["recent"]]
+        assert [name for name, _ in greens] == [training, copy, training], greens
+        assert greens[2][1] - greens[1][1] == pytest.approx(MEASURE_GRACE_S, abs=1.5)
+        # ... and not again while it streams on (polled for 6 s).
+        end = time.monotonic() + 6.0
+        while time.monotonic() < end:
+            shown = agent.wait_status(lambda d: True)
+            assert shown["rotations"]["green"] == training, shown["rotations"]
+            assert copy not in shown["pack"]["promoted_lag_s"]
+        assert job.ps.poll() is None and bulk.poll() is None  # both still running
+        assert not (shown.get("telemetry") or {}).get(copy)  # no iterations reported for it
+    finally:
+        job.kill()
+        for proc in (bulk, sink):
+            if proc is not None:
+                proc.kill()
+                proc.wait()
 
 
 @pytest.mark.parametrize("events", ["on", "off"])

@@ -237,6 +237,40 @@ def test_guard_does_not_count_start_up_after_the_first_bytes_as_waiting() -> Non
     assert "x" in starved.promoted  # its first iteration does not wipe out its wait
 
 
+def test_a_job_green_without_iterating_is_not_promoted_for_its_lag_again() -> None:
+    # bulk pushes from 0 s and never completes an iteration (a copy, not a training job):
+    # with nothing done its lag is all its time, and the guard promotes it past the
+    # window's allowance (12 s at 2x over 30 s). Green MEASURE_GRACE_S with still no load,
+    # it is not iterative: no longer promoted (before, held for good, its lag only
+    # growing), back behind the training jobs, and so it stays.
+    policy = _pack(starvation_window_s=30.0)
+    jobs, started = {"a", "b", "bulk"}, {"a": 0.0, "b": 0.0, "bulk": 0.0}
+    greens: list[tuple[float, str | None]] = []
+    for tenth in range(0, 1200, 5):
+        now = tenth / 10
+        loads = {"a": load(0.2, 0.3, int(now / 0.5)), "b": load(0.2, 0.3, int(now / 1.5))}
+        plan = policy.evaluate(now, jobs, loads, started)
+        if not greens or greens[-1][1] != plan.green:
+            greens.append((now, plan.green))
+    promoted_at = next(now for now, green in greens if green == "bulk")
+    assert 12.0 <= promoted_at <= 13.0
+    after = [(now, green) for now, green in greens if now > promoted_at]
+    assert after[0][0] == pytest.approx(promoted_at + MEASURE_GRACE_S, abs=0.6)
+    assert all(green != "bulk" for _, green in after), greens
+    assert policy.pack_view().not_iterative == frozenset({"bulk"})
+    assert "bulk" not in policy.promoted
+    assert policy.evaluate(120.0, jobs, loads, started).order[-1] == "bulk"
+
+    # A starved job is promoted as before: never green, it never gets the label; and the
+    # label goes with the first load (its traffic turned out iterative after all).
+    guard = StarvationGuard(max_slowdown=2.0, window_s=10.0)
+    for t in range(0, 20):
+        guard.update(float(t), {}, {"x", "y"}, {"x": 0.0, "y": 0.0}, green="y")
+    assert "x" in guard.promoted and guard.not_iterative == frozenset({"y"})
+    guard.update(20.0, {"y": load(0.25, 0.25, 2)}, {"x", "y"}, {"x": 0.0, "y": 0.0}, green="y")
+    assert guard.not_iterative == frozenset()
+
+
 def test_guard_aims_for_a_feasible_bound_and_promotes_only_what_fits() -> None:
     guard = StarvationGuard(max_slowdown=2.0, window_s=20.0)
     # Five jobs of demand 0.5: together they need 2.5 links, so 2x cannot hold for all.
