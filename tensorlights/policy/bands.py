@@ -36,6 +36,7 @@ from tensorlights.policy.packing import (
     MEASURE_GRACE_S,
     JobLoad,
     OnTop,
+    SiblingRuns,
     StarvationGuard,
     ordering_demands,
     pack_order,
@@ -111,6 +112,9 @@ class PackView:
     slack_s: Mapping[str, float] = field(default_factory=dict)
     """Jobs judged by their declared iterations: how long each can still wait and end
     within the bound (seconds; promoted before it reaches 0)."""
+    iterations_inferred: Mapping[str, int] = field(default_factory=dict)
+    """Jobs that declared nothing, each with the length of the latest sibling that ended
+    here (packing.SiblingRuns): judged by that deadline."""
     not_iterative: frozenset[str] = frozenset()
     """Jobs green long enough to be measured that completed no iteration (bulk traffic):
     never promoted for their lag (packing.StarvationGuard.not_iterative)."""
@@ -134,6 +138,8 @@ class BandPolicy:
     _reorder_wanted_since: float | None = field(default=None, init=False)
     _guard: StarvationGuard = field(init=False)
     on_top: OnTop = field(default_factory=OnTop, init=False)
+    siblings: SiblingRuns = field(default_factory=SiblingRuns, init=False)
+    """The lengths of the jobs that ended here, given to their siblings (pack only)."""
     """Iterations each job completed green here: under the controller's plan too
     (PlanFollower), so the demands reported to it are those pack would order by."""
 
@@ -199,6 +205,7 @@ class BandPolicy:
         previous_green: str | None,
     ) -> BandPlan:
         present = set(self._order)
+        declared = self.siblings.update(now, present, loads, declared or {})
         self._guard.update(now, loads, present, started, declared, previous_green)
         self.on_top.update(previous_green, loads)
         # Arrivals and departures take effect at once (an arrival joins at the end; when the
@@ -254,6 +261,7 @@ class BandPolicy:
         """The starvation guard's view while the controller orders the jobs (PlanFollower):
         its promotions are reported, for the cluster-wide order to keep the bound. `green`:
         the job green here since the previous evaluation."""
+        declared = self.siblings.update(now, set(jobs), loads, declared or {})
         self._guard.update(now, loads, set(jobs), started, declared, green)
 
     @property
@@ -275,6 +283,7 @@ class BandPolicy:
             },
             slack_s=dict(self._guard.slack),
             not_iterative=self._guard.not_iterative,
+            iterations_inferred=dict(self.siblings.inferred),
         )
 
     def _track(self, jobs: set[str] | frozenset[str], now: float) -> None:

@@ -176,6 +176,7 @@ class TelemetrySampler:
                         cached[2],
                         busy=job in busy,
                         bytes_hold_waiting=job not in self.tracker.collective,
+                        counted_from_start=job not in self.tracker.met_mid_run,
                     )
             return loads
 

@@ -255,6 +255,10 @@ class StragglerTracker:
         carried them began (on the connection whose bytes made up the count), not when its
         bytes were acknowledged: a push held below the green job from its start is
         acknowledged seconds later."""
+        self.met_mid_run: set[str] = set()
+        """Jobs with a connection first seen having acknowledged a push's worth before
+        their first push was dated: the agent met them running, their count of iterations
+        misses the first ones."""
         self.collective: frozenset[str] = frozenset()
         """Jobs of ranks (all-reduce rings): their steps are joined (see the module doc)."""
 
@@ -431,9 +435,11 @@ class StragglerTracker:
             if state.open:
                 closed.extend(self._close(job, state))
             closed.extend(state.held)  # it never answered
-            self.sent_bytes.pop(job, None)
-            self.sent_packets.pop(job, None)
-            self.first_push_began.pop(job, None)
+        # Also of a job that never completed a push (no state in _jobs).
+        for per_job in (self.sent_bytes, self.sent_packets, self.first_push_began):
+            for job in per_job.keys() - present.keys():
+                del per_job[job]
+        self.met_mid_run &= present.keys()
         return closed
 
     def _regroup(self, job: str, state: _Job, by_answers: bool) -> list[Iteration]:
@@ -599,6 +605,8 @@ class StragglerTracker:
         state = self._connections.get(key)
         idle = info.unacked == 0 and info.notsent_bytes == 0
         if state is None:
+            if info.bytes_acked >= self.min_push_bytes and job not in self.first_push_began:
+                self.met_mid_run.add(job)
             primed_at = now if idle else math.inf
             if idle and info.bytes_acked < self.min_push_bytes:
                 primed_at = -math.inf  # has never pushed: none of its pushes was missed

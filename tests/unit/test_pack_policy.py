@@ -17,6 +17,7 @@ from tensorlights.policy.packing import (
     MEASURED_AFTER,
     JobLoad,
     Measured,
+    SiblingRuns,
     StarvationGuard,
     fits_together,
     job_load,
@@ -269,6 +270,41 @@ def test_a_job_green_without_iterating_is_not_promoted_for_its_lag_again() -> No
     assert "x" in guard.promoted and guard.not_iterative == frozenset({"y"})
     guard.update(20.0, {"y": load(0.25, 0.25, 2)}, {"x", "y"}, {"x": 0.0, "y": 0.0}, green="y")
     assert guard.not_iterative == frozenset()
+
+
+def test_a_job_is_given_the_length_of_the_latest_sibling_that_ended() -> None:
+    runs = SiblingRuns()
+    first = {"a": load(0.3, 0.2, 24), "b": load(0.3, 0.2, 10), "c": load(0.6, 0.2, 5)}
+    assert runs.update(0.0, {"a", "b", "c"}, first, {}) == {}  # nothing ended yet
+    # a ended at 25 iterations (its count as last seen): b, which appeared with it and
+    # pushes the same bytes an iteration (within 2%), is given 25; c, twice the bytes,
+    # nothing.
+    runs.update(5.0, {"a", "b", "c"}, {**first, "a": load(0.3, 0.2, 25)}, {})
+    later = {"b": load(0.303, 0.2, 12), "c": load(0.6, 0.2, 6)}
+    assert runs.update(6.0, {"b", "c"}, later, {}) == {"b": 25} and runs.inferred == {"b": 25}
+    # A declaration wins.
+    assert runs.update(7.0, {"b", "c"}, later, {"b": 40}) == {"b": 40}
+    # d appears 9 s after b: launched together with it (within 10 s), given b's length
+    # once b ended; e, 11 s after b, is not (a job of one model arriving hours apart runs
+    # as long as its own user wants).
+    runs.update(9.0, {"b", "c", "d"}, later, {})
+    runs.update(11.0, {"b", "c", "d", "e"}, later, {})
+    now_loads = {job: load(0.3, 0.2, 3) for job in ("d", "e")}
+    assert runs.update(12.0, {"c", "d", "e"}, now_loads, {}) == {"d": 12}
+    # No length from a job met running (its count misses its first iterations) nor from a
+    # ring (its count reads several per all-reduce while it waits), nor given to a ring.
+    fresh = SiblingRuns()
+    met = replace(load(0.3, 0.2, 20), counted_from_start=False)
+    ring = replace(load(0.3, 0.2, 20), bytes_hold_waiting=False)
+    fresh.update(0.0, {"m", "r", "x", "y"}, {"m": met, "r": ring}, {})
+    assert fresh.update(1.0, {"x", "y"}, {"x": load(0.3, 0.2, 3), "y": ring}, {}) == {}
+    # x, counted whole, leaves its 3: given to z, not to the ring y.
+    assert fresh.update(2.0, {"y", "z"}, {"y": ring, "z": load(0.3, 0.2, 1)}, {}) == {"z": 3}
+    # pack shows what it gave (status --json: pack.iterations_inferred).
+    policy = _pack()
+    policy.evaluate(0.0, {"a", "b"}, {"a": load(0.3, 0.2, 30), "b": load(0.3, 0.2, 4)})
+    policy.evaluate(1.0, {"b"}, {"b": load(0.3, 0.2, 5)})
+    assert policy.pack_view().iterations_inferred == {"b": 30}
 
 
 def test_guard_aims_for_a_feasible_bound_and_promotes_only_what_fits() -> None:

@@ -209,6 +209,20 @@ def test_jobs_declaring_their_iterations_wait_as_long_as_their_deadlines_allow()
     assert static[1] > 2.0 and declaring[1] < 2.0
 
 
+def test_jobs_are_judged_by_the_length_of_a_sibling_that_ended() -> None:
+    """r2 (three equal jobs, none declaring its iterations): TL-One breaks 2x, and so did
+    pack, whose lag rule cannot tell in time that the last job will not end within it.
+    Once the first job ends, pack gives the other two its length (SiblingRuns) and judges
+    them by that deadline: 2x is kept."""
+    meta, tcp = Measured.load(RESULTS / "bench").meta, TcpModel(0.5, 0.05)
+
+    def worst(policy: str) -> float:
+        runs = simulate_jobs(SCENARIOS["r2"], policy, meta, tcp)
+        return max(jct / t for jct, t in runs)
+
+    assert worst("static") > 2.0 and worst("pack") < 2.0
+
+
 def test_the_scenarios_command_prints_every_policy_of_every_scenario() -> None:
     from click.testing import CliRunner
 

@@ -432,6 +432,24 @@ def test_a_jobs_first_push_is_dated_from_when_it_began_not_when_it_was_acknowled
     assert tracker.first_push_began == {}  # gone with the job
 
 
+def test_a_job_met_running_is_marked_so_its_count_misses_its_first_iterations() -> None:
+    # "old" had acknowledged 5 MB when first seen (the agent started while it ran): its
+    # count of iterations misses the first ones, so it leaves no run length (SiblingRuns).
+    # "new" was first seen with nothing sent, and a later connection of it carrying bytes
+    # does not change that.
+    tracker = StragglerTracker(min_push_bytes=16 * 1024)
+    idle = TcpInfo(0, 0, 0, 0, 100, 0, 0, 0, 0, 0, 10**6, 0)
+    old = ("old", "a", idle._replace(bytes_acked=5_000_000))
+    tracker.observe(0.0, [old, ("new", "b", idle)])
+    assert tracker.met_mid_run == {"old"}
+    tracker.observe(0.1, [old, ("new", "b", idle._replace(unacked=10, bytes_acked=40_000))])
+    tracker.observe(0.2, [old, ("new", "b", idle._replace(bytes_acked=50_000)),
+                          ("new", "c", idle._replace(bytes_acked=60_000))])  # fmt: skip
+    assert tracker.met_mid_run == {"old"}
+    tracker.observe(0.3, [("new", "b", idle._replace(bytes_acked=50_000))])
+    assert tracker.met_mid_run == set()  # gone with the job
+
+
 def ring_rank(
     iterations: int,
     compute: float,
