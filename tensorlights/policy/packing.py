@@ -107,10 +107,10 @@ promotes it (StarvationGuard.not_iterative)."""
 
 
 SIBLING_MATCH = 0.02
-"""A job that ended here having pushed, an iteration, within this share of a present job's
-link time ..."""
+"""A job that ended here is a present job's sibling if its link time an iteration was
+within this share of the present job's (the same bytes: the same model) ..."""
 SIBLING_ARRIVAL_S = 10.0
-"""... and that appeared within this long of it: launched together (SiblingRuns)."""
+"""... and it appeared within this long of the present job (launched together): SiblingRuns."""
 SIBLINGS_KEPT = 32
 """The latest ended jobs' lengths kept (SiblingRuns)."""
 
@@ -500,6 +500,7 @@ class SiblingRuns:
     _latest: dict[str, JobLoad] = field(default_factory=dict)
     """Each present job's latest load."""
     _appeared: dict[str, float] = field(default_factory=dict)
+    """When each present job first took part in an update."""
     inferred: dict[str, int] = field(default_factory=dict)
     """The length each present job was given, as of the last update."""
 
