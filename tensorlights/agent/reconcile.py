@@ -25,10 +25,10 @@ from tensorlights.policy.packing import JobLoad
 from tensorlights.policy.schedule import HostSchedule, PlanFollower
 
 Loads = Callable[[], Mapping[str, JobLoad]]
+"""What telemetry measures per job now (the `pack` policy's input)."""
 Started = Callable[[], Mapping[str, float] | None]
 """The jobs telemetry has seen push, each with when its first push began (the clock's
 time); None: not known (telemetry off)."""
-"""What telemetry measures per job now (the `pack` policy's input)."""
 
 
 @dataclass(frozen=True)

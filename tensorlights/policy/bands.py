@@ -138,10 +138,10 @@ class BandPolicy:
     _reorder_wanted_since: float | None = field(default=None, init=False)
     _guard: StarvationGuard = field(init=False)
     on_top: OnTop = field(default_factory=OnTop, init=False)
-    siblings: SiblingRuns = field(default_factory=SiblingRuns, init=False)
-    """The lengths of the jobs that ended here, given to their siblings (pack only)."""
     """Iterations each job completed green here: under the controller's plan too
     (PlanFollower), so the demands reported to it are those pack would order by."""
+    siblings: SiblingRuns = field(default_factory=SiblingRuns, init=False)
+    """The lengths of the jobs that ended here, given to their siblings (pack only)."""
 
     def __post_init__(self) -> None:
         if not self.max_slowdown > 1:
@@ -205,8 +205,7 @@ class BandPolicy:
         previous_green: str | None,
     ) -> BandPlan:
         present = set(self._order)
-        declared = self.siblings.update(now, present, loads, declared or {})
-        self._guard.update(now, loads, present, started, declared, previous_green)
+        self._judge(now, present, loads, started, declared, previous_green)
         self.on_top.update(previous_green, loads)
         # Arrivals and departures take effect at once (an arrival joins at the end; when the
         # green job left, the next one is green) ...
@@ -261,8 +260,20 @@ class BandPolicy:
         """The starvation guard's view while the controller orders the jobs (PlanFollower):
         its promotions are reported, for the cluster-wide order to keep the bound. `green`:
         the job green here since the previous evaluation."""
-        declared = self.siblings.update(now, set(jobs), loads, declared or {})
-        self._guard.update(now, loads, set(jobs), started, declared, green)
+        self._judge(now, set(jobs), loads, started, declared, green)
+
+    def _judge(
+        self,
+        now: float,
+        jobs: set[str],
+        loads: Mapping[str, JobLoad],
+        started: Mapping[str, float] | None,
+        declared: Mapping[str, int] | None,
+        green: str | None,
+    ) -> None:
+        """The starvation guard's update, the jobs' declared lengths with their siblings'."""
+        lengths = self.siblings.update(now, jobs, loads, declared or {})
+        self._guard.update(now, loads, jobs, started, lengths, green)
 
     @property
     def promoted(self) -> dict[str, float]:

@@ -466,10 +466,10 @@ class StarvationGuard:
             if job in loads:
                 del self._green_unmeasured_s[job]
         previous, self._updated_at = self._updated_at, now
-        if previous is not None and green in self._first_seen and green not in loads:
-            assert green is not None  # a key of _first_seen
-            seconds = self._green_unmeasured_s.get(green, 0.0) + now - previous
-            self._green_unmeasured_s[green] = seconds
+        unmeasured = green if green in self._first_seen and green not in loads else None
+        if unmeasured is not None and previous is not None:
+            seconds = self._green_unmeasured_s.get(unmeasured, 0.0) + now - previous
+            self._green_unmeasured_s[unmeasured] = seconds
         self.not_iterative = frozenset(
             job for job, seconds in self._green_unmeasured_s.items() if seconds >= MEASURE_GRACE_S
         )
