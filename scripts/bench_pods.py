@@ -4,14 +4,17 @@ there, in both emulated CNI modes (testbed/pods.py: routed, VXLAN), and what a r
 the pods' nftables table costs.
 
 Per mode and repetition: two PS pods serving on the same port, found by discovery from their
-connections, the NIC shaped at --rate; the workers (in the peer node) read for --seconds, the
-light moves halfway. Reported: the green pod's share of the bytes and the link's use in
-steady 0.5 s slots, and how many slots after the move the new green pod took >= 85%, per
-TCP congestion control of the pods (--congctl, set per route; several compare them). Then
-the rotation cost of `inet tensorlights_pods` for 2, 16 and 64 pod jobs. Needs root.
+connections, the NIC shaped at --rate; the workers (in the peer node) read for --seconds
+while the light moves every --turn seconds. Reported: the green pod's share of the bytes and
+the link's use in steady 0.1 s slots; per move, how long until the new green pod carried
+>= 85% of a slot and half the link, and the retransmission timeout its flow carried into the
+turn (`ss`, just before the move: a flow that loses its first packets when it turns green
+sits that long silent); per TCP congestion control of the pods (--congctl, set per route;
+several compare them). Then the rotation cost of `inet tensorlights_pods` for 2, 16 and 64
+pod jobs. Needs root.
 
-    .venv/bin/python scripts/bench_pods.py [--repetitions 3] [--rate 100] [--seconds 8] \
-        [--congctl cubic,bbr]
+    .venv/bin/python scripts/bench_pods.py [--repetitions 3] [--rate 200] [--seconds 30] \
+        [--turn 2] [--congctl cubic,bbr]
 """
 
 from __future__ import annotations
@@ -19,11 +22,14 @@ from __future__ import annotations
 import argparse
 import json
 import os
+import re
 import statistics
 import subprocess
 import tempfile
 import time
+from dataclasses import dataclass
 from pathlib import Path
+from typing import cast
 
 from tensorlights.datapath import open_datapath
 from tensorlights.datapath.dataplane import Dataplane, Marking
@@ -36,15 +42,27 @@ from tensorlights.model import DatapathSpec, JobShaping
 from tensorlights.policy.dscp_plan import DEFAULT_BAND_DSCP, chain_name
 from tensorlights.policy.pod_plan import ChainAction, PodLayout
 from tensorlights.testbed import netns, traffic
+from tensorlights.testbed.netns import in_ns
 from tensorlights.testbed.pods import Mode, PodNode, pod_node
 
 PORT = 5001
-INTERVAL = 0.5
+INTERVAL = 0.1
 JOBS = ("job-a", "job-b")
+SETTLE_SLOTS = 5
+"""Slots after a move left out of the steady shares (the move's own and its ramp)."""
 
 
-def one_run(mode: Mode, rate_mbit: int, seconds: float, congctl: str) -> tuple[float, float, int]:
-    """(green share, link use, slots until the new green pod took the link)."""
+@dataclass
+class Run:
+    shares: list[float]
+    uses: list[float]
+    took_s: list[float]
+    """Per move: seconds until the new green pod led (the run's length if it never did)."""
+    rto_ms: list[float]
+    """Per move: the new green pod's retransmission timeout just before it."""
+
+
+def one_run(mode: Mode, rate_mbit: int, seconds: float, turn: float, congctl: str) -> Run:
     with pod_node(mode, pods=2, congctl=congctl) as node:
         env = [{**os.environ, "TENSORLIGHTS_JOB": job, "TENSORLIGHTS_ROLE": "ps"} for job in JOBS]
         servers = [
@@ -52,14 +70,14 @@ def one_run(mode: Mode, rate_mbit: int, seconds: float, congctl: str) -> tuple[f
             for pod, e in zip(node.pods, env, strict=True)
         ]
         try:
-            return _measure(node, rate_mbit * 1_000_000, seconds)
+            return _measure(node, rate_mbit * 1_000_000, seconds, turn)
         finally:
             for server in servers:
                 server.kill()
                 server.wait()
 
 
-def _measure(node: PodNode, rate: int, seconds: float) -> tuple[float, float, int]:
+def _measure(node: PodNode, rate: int, seconds: float, turn: float) -> Run:
     targets = [f"{pod.ipv4}:{PORT}" for pod in node.pods]
     warmup = _sink(node, targets, 2.0)
     with Scanner(DiscoveryRules(trust=TRUST_ANY)) as scanner:
@@ -73,38 +91,62 @@ def _measure(node: PodNode, rate: int, seconds: float) -> tuple[float, float, in
             raise RuntimeError(f"discovery did not find both pods: {endpoints}")
     warmup.communicate(timeout=15)
 
-    def spec(green: str) -> DatapathSpec:
+    def spec(green: int) -> DatapathSpec:
         return DatapathSpec(
             node.nic,
             rate,
-            tuple(JobShaping(j, 0 if j == green else 1, frozenset(), endpoints[j]) for j in JOBS),
+            tuple(
+                JobShaping(j, 0 if i == green else 1, frozenset(), endpoints[j])
+                for i, j in enumerate(JOBS)
+            ),
             short_waiting_queues=True,  # as the agent has them with pod shaping on
         )
 
+    moves: list[tuple[float, int]] = []
+    rtos: list[float] = []
     with tempfile.TemporaryDirectory() as state:
         tc = open_datapath("htb", Path(state), netns=node.node_ns)
         dataplane = Dataplane(tc, netns=node.node_ns, marking=Marking(DEFAULT_BAND_DSCP), pods=True)
         try:
-            dataplane.apply(spec("job-a"))
+            dataplane.apply(spec(0))
             sink = _sink(node, targets, seconds)
-            time.sleep(seconds / 2)  # the experiment's clock: the light moves halfway
-            dataplane.rotate(spec("job-b"))
+            began = time.monotonic()
+            while (at := turn * (len(moves) + 1)) < seconds - turn / 2:
+                green = (len(moves) + 1) % 2
+                time.sleep(max(0.0, began + at - 0.05 - time.monotonic()))
+                rtos.append(_rto_ms(node.pods[green].ns))
+                time.sleep(max(0.0, began + at - time.monotonic()))  # the experiment's clock
+                dataplane.rotate(spec(green))
+                moves.append((time.monotonic() - began, green))
             out, _ = sink.communicate(timeout=seconds + 15)
         finally:
             dataplane.cleanup(node.nic)
             dataplane.close()
     flows = json.loads(out)["flows"]
-    a, b = (flows[t] for t in targets)
-    move = int(seconds / 2 / INTERVAL)
-    link = rate / 8 * INTERVAL
-    shares, uses = [], []
-    for slot in [*range(1, move - 1), *range(move + 3, len(a))]:
-        green = a[slot] if slot < move else b[slot]
-        total = a[slot] + b[slot]
-        shares.append(green / total if total else 0.0)
-        uses.append(total / link)
-    took = next((i for i in range(move, len(b)) if b[i] >= 0.85 * (a[i] + b[i])), len(b)) - move
-    return statistics.median(shares), statistics.median(uses), took
+    pods = [flows[t] for t in targets]
+    slot_bytes = rate / 8 * INTERVAL
+    starts = [int(at / INTERVAL) + 1 for at, _ in moves]
+    run = Run([], [], [], rtos)
+    for (_, green), first in zip(moves, starts, strict=True):
+        mine, total = pods[green], [a + b for a, b in zip(*pods, strict=True)]
+        led = (i for i in range(first, len(mine))
+               if mine[i] >= 0.85 * total[i] and mine[i] >= 0.5 * slot_bytes)  # fmt: skip
+        run.took_s.append((next(led, len(mine)) - first) * INTERVAL)
+    for i in range(SETTLE_SLOTS, len(pods[0]) - 1):
+        if any(0 <= i - s < SETTLE_SLOTS for s in starts):
+            continue
+        green = sum(1 for s in starts if s <= i) % 2
+        total = pods[0][i] + pods[1][i]
+        run.shares.append(pods[green][i] / total if total else 0.0)
+        run.uses.append(total / slot_bytes)
+    return run
+
+
+def _rto_ms(ns: str) -> float:
+    out = subprocess.run(in_ns(ns, "ss", "-tin", f"sport = :{PORT}"),
+                         capture_output=True, text=True, check=True).stdout  # fmt: skip
+    found = re.search(r"\brto:([\d.]+)", out)
+    return float(found.group(1)) if found else float("nan")
 
 
 def _sink(node: PodNode, targets: list[str], seconds: float) -> subprocess.Popen[str]:
@@ -145,30 +187,42 @@ def rotation_cost(jobs: int, rounds: int) -> tuple[float, float]:
 def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
     parser.add_argument("--repetitions", type=int, default=3)
-    parser.add_argument("--rate", type=int, default=100, help="NIC rate, Mbit/s")
-    parser.add_argument("--seconds", type=float, default=8.0)
+    parser.add_argument("--rate", type=int, default=200, help="NIC rate, Mbit/s")
+    parser.add_argument("--seconds", type=float, default=30.0)
+    parser.add_argument("--turn", type=float, default=2.0, help="seconds between moves")
     parser.add_argument("--rounds", type=int, default=200)
+    parser.add_argument("--modes", default="routed,vxlan", help="CNI modes, comma-separated")
     parser.add_argument(
         "--congctl", default="cubic", help="the pods' TCP congestion control(s), comma-separated"
     )
     args = parser.parse_args()
     print(
-        f"Pods behind a node NIC shaped at {args.rate} Mbit/s, {args.repetitions} runs per mode\n"
+        f"Pods behind a node NIC shaped at {args.rate} Mbit/s, the light moving every "
+        f"{args.turn:g} s for {args.seconds:g} s, {args.repetitions} runs per mode\n"
     )
     print(
-        "| mode | pods' TCP | green share (median of runs) | link use "
-        "| slots until the new green pod leads |"
+        "| mode | pods' TCP | green share | link use | moves | led within 0.5 s "
+        "| slowest moves (s) | RTO carried in, median / max (ms) |"
     )
-    print("|---|---|---:|---:|---|")
+    print("|---|---|---:|---:|---:|---:|---|---|")
     for congctl in args.congctl.split(","):
-        for mode in ("routed", "vxlan"):
+        for mode in cast(list[Mode], args.modes.split(",")):
             runs = [
-                one_run(mode, args.rate, args.seconds, congctl) for _ in range(args.repetitions)
+                one_run(mode, args.rate, args.seconds, args.turn, congctl)
+                for _ in range(args.repetitions)
             ]
-            share = statistics.median(r[0] for r in runs)
-            use = statistics.median(r[1] for r in runs)
-            took = ", ".join(str(r[2]) for r in runs)
-            print(f"| {mode} | {congctl} | {share:.1%} | {use:.1%} | {took} |")
+            shares = [x for r in runs for x in r.shares]
+            uses = [x for r in runs for x in r.uses]
+            took = sorted((x for r in runs for x in r.took_s), reverse=True)
+            rtos = [x for r in runs for x in r.rto_ms]
+            fast = sum(1 for x in took if x <= 0.5)
+            slowest = ", ".join(f"{x:.1f}" for x in took[:3])
+            print(
+                f"| {mode} | {congctl} | {statistics.median(shares):.1%} "
+                f"| {statistics.median(uses):.1%} | {len(took)} | {fast} | {slowest} "
+                f"| {statistics.median(rtos):.0f} / {max(rtos):.0f} |",
+                flush=True,
+            )
     print("\n| pod jobs | pods table rotation: median ms | p99 ms |")
     print("|---:|---:|---:|")
     for jobs in (2, 16, 64):

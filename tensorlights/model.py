@@ -101,9 +101,10 @@ class DatapathSpec:
     """Priority at which unmanaged traffic borrows beyond its guaranteed share."""
     short_waiting_queues: bool = False
     """The waiting bands (all but the green one) queue only a short time of their guaranteed
-    rate (policy/tc_plan.py, HtbTuning.waiting_queue_seconds). For traffic the host forwards
-    (pods): no TCP small queues hold those senders back, and a waiting band's default queue
-    (txqueuelen packets at its trickle) strands their packets for tens of seconds."""
+    rate, raised so the queue drains fast (policy/tc_plan.py, HtbTuning.waiting_queue_seconds).
+    For traffic the host forwards (pods): no TCP small queues hold those senders back, and a
+    waiting band's default queue (txqueuelen packets at its trickle) strands their packets for
+    tens of seconds; a long queue is a long round trip, and a long RTO once green."""
 
     def __post_init__(self) -> None:
         if problem := interface_name_problem(self.interface):

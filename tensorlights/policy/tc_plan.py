@@ -29,6 +29,7 @@ backlogged class in the lists of its old priority until its queue drains.)
 
 from __future__ import annotations
 
+import math
 import zlib
 from collections import Counter
 from collections.abc import Iterable, Mapping
@@ -111,17 +112,32 @@ class HtbTuning:
     ceil_burst_seconds: float = 0.002
     """Depth of the ceil buckets in seconds at link rate. Too small and the green class runs
     dry between timer ticks, letting lower bands borrow: strictness falls apart."""
-    waiting_queue_seconds: float = 0.5
+    waiting_queue_seconds: float = 0.1
     """With short waiting queues: a waiting band's leaf holds this long of its guaranteed
-    rate... """
+    rate, and that rate is raised until its leaf's packets drain in this long. The queue
+    is a waiting flow's round trip, and its RTO follows (about twice that): a flow that loses
+    its first packets when it turns green sits out that RTO. With 16 packets at 256 kbit
+    (0.76 s) waiting pods carried RTOs of 1.2-2.2 s into their turns, and one move in ~110
+    stalled 1.5 s; drained in 0.1 s, they carry 0.3 s (two pods at 200 Mbit, VXLAN)."""
     waiting_queue_min_packets: int = 16
     """...and never fewer packets. Measured with two pods' cubic and BBR flows at 100 Mbit,
     the light moving every 2 s: at 16 and 48 packets every move took the link within a
-    0.5 s slot; with the default 1000, a waiting flow's retransmissions sat seconds behind
-    its own stranded packets, and the next green one stalled in RTO backoff for 5 s."""
+    0.5 s slot; at 8, BBR read the steady drops as a policer and kept pacing at the band's
+    rate once green; with the default 1000, a waiting flow's retransmissions sat seconds
+    behind its own stranded packets, and the next green one stalled in RTO backoff for 5 s."""
 
     def effective_quantum(self) -> int:
         return self.quantum or 2 * self.mtu
+
+    def band_rate(self, link: int, short_waiting_queues: bool) -> int:
+        """A band's guaranteed rate in bytes/s on a link of `link` bytes/s: with short waiting
+        queues, at least what drains a minimal leaf in waiting_queue_seconds (1.9 Mbit; more
+        than the floor below ~2 Gbit links only)."""
+        rate = max(1, self.min_band_rate_bps // 8, int(link * self.min_band_share))
+        if not short_waiting_queues:
+            return rate
+        drains = math.ceil(self.waiting_queue_min_packets * self.mtu / self.waiting_queue_seconds)
+        return max(rate, drains)
 
     def waiting_queue_packets(self, band_rate: int) -> int:
         """The pfifo limit of a waiting band whose guaranteed rate is `band_rate` bytes/s."""
@@ -388,7 +404,7 @@ def desired_layout(
         quantum,
         spec.unmanaged_band,
     )
-    band_rate = max(1, tuning.min_band_rate_bps // 8, int(link * tuning.min_band_share))
+    band_rate = tuning.band_rate(link, spec.short_waiting_queues)
     band_buffer = psched_ticks(tuning.mtu, band_rate)
     leaves: dict[int, int] = {}
     for band in range(NUM_BANDS):

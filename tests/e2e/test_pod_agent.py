@@ -82,7 +82,10 @@ def test_the_agent_rotates_the_light_between_pods_behind_vxlan(
         # time the light moved: each green turn (bar the cut first and last) lasted its 2 s
         # (4 slots, give or take the slot the move fell in). Before the waiting bands had
         # short queues, a pod's flow sat out seconds of RTO backoff after some moves (the
-        # other pod kept the link), in 2 of 10 runs; see docs/design.md, pods.
+        # other pod kept the link), in 2 of 10 runs; with short queues drained in 0.5 s of
+        # 256 kbit, a flow whose first green packets were lost sat out its RTO, inflated by
+        # the waiting band's round trip (1.3 s, once in ~100 moves; in CI once in ~20 runs);
+        # drained in 0.1 s, it carries 0.3 s. See docs/design.md, pods.
         slots = dominant_slots(result["flows"])[2:-1]
         steady = [s for i, s in enumerate(slots) if 0 < i < len(slots) - 1
                   and slots[i - 1][0] == s[0] == slots[i + 1][0]]  # fmt: skip

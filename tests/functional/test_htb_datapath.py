@@ -12,7 +12,7 @@ from tensorlights.datapath import open_datapath
 from tensorlights.datapath.htb import HtbDatapath
 from tensorlights.errors import ForeignQdiscError, InterfaceNotFoundError, UnsupportedKernelError
 from tensorlights.model import NUM_BANDS, DatapathSpec, JobShaping
-from tensorlights.policy.tc_plan import FIRST_BAND_MINOR, UNMANAGED_MINOR
+from tensorlights.policy.tc_plan import FIRST_BAND_MINOR, UNMANAGED_MINOR, PutClass
 from tensorlights.testbed import netns
 from tests.functional.tcutil import (
     htb_classes,
@@ -103,7 +103,7 @@ def test_short_waiting_queues_are_pfifo_leaves_kept_and_removed(
     short = dataclasses.replace(two_jobs("job-a"), short_waiting_queues=True)
     datapath.apply(short)
     ns = pair.a.ns
-    # 256 kbit for half a second is under 16 full frames: 16 packets.
+    # At least 16 packets, and the bands' rate raised to drain them in 0.1 s.
     assert leaves(ns) == {
         f"7a1:{0x10 + b:x}": ("pfifo", f"{0x7A2 + b:x}:", 16) for b in range(1, 8)
     }
@@ -113,8 +113,11 @@ def test_short_waiting_queues_are_pfifo_leaves_kept_and_removed(
     netns.run(["tc", "-n", ns, *hand_edit.split(" ")])
     assert len(datapath.apply(short).ops) == 1
     assert leaves(ns)["7a1:11"] == ("pfifo", "7a3:", 16)
-    # Turned off: the kernel's default leaves are back (ours are gone).
-    assert len(datapath.apply(two_jobs("job-a")).ops) == 7
+    # Turned off: the kernel's default leaves are back (ours are gone), and the 8 bands'
+    # rates are 256 kbit again.
+    ops = datapath.apply(two_jobs("job-a")).ops
+    assert sorted(type(op).__name__ for op in ops) == ["DeleteLeaf"] * 7 + ["PutClass"] * 8
+    assert {op.cls.rate for op in ops if isinstance(op, PutClass)} == {32_000}
     assert leaves(ns) == {}
 
 

@@ -8,6 +8,7 @@ from __future__ import annotations
 
 import json
 import os
+import re
 import subprocess
 import sys
 import time
@@ -95,6 +96,7 @@ def test_the_green_pod_carries_the_node_nic_in_both_cni_modes(
         dataplane.rotate(_spec(endpoints, "job-b"))
         time.sleep(seconds - rotate_at - 1.0)
         state = _tcp_and_tc_state(node)  # while the workers still read
+        waiting_rto_ms = _rto_ms(node.pods[0].ns)
         result = sink_result(sink, timeout=seconds + 10)
 
         # The marks, on the wire, with job-b green now.
@@ -125,6 +127,10 @@ def test_the_green_pod_carries_the_node_nic_in_both_cni_modes(
         assert b[slot] >= 0.9 * (a[slot] + b[slot]), (node.mode, slot, a, b, state)
         assert a[slot] + b[slot] >= 0.85 * link_bytes, (node.mode, slot, a, b, state)
     assert result["resets"] == 0 and not result["errors"]
+    # The waiting pod's flow keeps a short round trip, so a short RTO: were its first packets
+    # lost when it turns green, it would sit that long silent (with 16 packets at 256 kbit,
+    # 0.76 s of queue, waiting flows carried 1.1-2.2 s; drained in 0.1 s, 0.2-0.32 s).
+    assert waiting_rto_ms is not None and waiting_rto_ms < 600, (node.mode, waiting_rto_ms, state)
     # The fabric sees the bands too: the pods' packets leave the NIC with their band's DSCP
     # (with VXLAN, in the outer header, which the device copies from the inner one); the
     # green pod's the most.
@@ -149,6 +155,12 @@ def _tcp_and_tc_state(node: PodNode) -> str:
     out = [run(in_ns(pod.ns, "ss", "-tin", f"sport = :{PORT}")).stdout for pod in node.pods]
     out.append(run(in_ns(node.node_ns, "tc", "-s", "class", "show", "dev", node.nic)).stdout)
     return "\n".join(out)
+
+
+def _rto_ms(ns: str) -> float | None:
+    """The retransmission timeout of the one connection from the PS port in `ns`."""
+    found = re.search(r"\brto:([\d.]+)", run(in_ns(ns, "ss", "-tin", f"sport = :{PORT}")).stdout)
+    return float(found.group(1)) if found else None
 
 
 def _sniff(node: PodNode, seconds: float) -> subprocess.Popen[str]:

@@ -161,15 +161,22 @@ def test_layout_has_root_unmanaged_and_every_band() -> None:
 
 
 def test_short_waiting_queues_bound_every_band_but_the_green_one() -> None:
-    for rate, limit in ((100_000_000, 16), (10_000_000_000, 412)):
+    for rate, limit in ((100_000_000, 16), (10_000_000_000, 82)):
         layout = desired_layout(spec_of({"a": (0, {5001})}, rate, short_queues=True), TUNING)
-        # Half a second of a band's guaranteed rate, at least 16 packets.
+        # A tenth of a second of a band's guaranteed rate, at least 16 packets...
         assert layout.leaves == {FIRST_BAND_MINOR + b: limit for b in range(1, NUM_BANDS)}
+        # ...and a band's rate drains its leaf in that tenth (a waiting flow's round trip,
+        # which its RTO follows): 1.9 Mbit on slow links, 0.1% of the link on fast ones.
+        band = layout.classes[FIRST_BAND_MINOR + 1]
+        assert limit * TUNING.mtu / band.rate <= 0.1 + 1e-9
+        assert band.rate == max(242_240, rate // 8 // 1000)
         ops = diff(empty(), layout)
         puts = [op for op in ops if isinstance(op, PutLeaf)]
         assert [op.handle for op in puts] == [leaf_handle(0x7A1, b) for b in range(1, NUM_BANDS)]
         assert diff(simulate(empty(), ops, layout), layout) == []
-    assert desired_layout(spec_of({"a": (0, {5001})}), TUNING).leaves == {}
+    plain = desired_layout(spec_of({"a": (0, {5001})}, 100_000_000), TUNING)
+    assert plain.leaves == {}
+    assert plain.classes[FIRST_BAND_MINOR + 1].rate == 32_000, "256 kbit without them"
 
 
 def test_leaves_go_when_not_wanted_but_only_ours() -> None:
