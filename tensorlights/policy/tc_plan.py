@@ -117,7 +117,7 @@ class HtbTuning:
     rate, and that rate is raised until its leaf's packets drain in this long. The queue
     is a waiting flow's round trip, and its RTO follows (about twice that): a flow that loses
     its first packets when it turns green sits out that RTO. With 16 packets at 256 kbit
-    (0.76 s) waiting pods carried RTOs of 1.2-2.2 s into their turns, and one move in ~110
+    (0.76 s) waiting pods carried RTOs of 1.1-2.2 s into their turns, and one move in ~110
     stalled 1.5 s; drained in 0.1 s, they carry 0.3 s (two pods at 200 Mbit, VXLAN)."""
     waiting_queue_min_packets: int = 16
     """...and never fewer packets. Measured with two pods' cubic and BBR flows at 100 Mbit,
