@@ -22,7 +22,6 @@ from __future__ import annotations
 import argparse
 import json
 import os
-import re
 import statistics
 import subprocess
 import tempfile
@@ -42,8 +41,7 @@ from tensorlights.model import DatapathSpec, JobShaping
 from tensorlights.policy.dscp_plan import DEFAULT_BAND_DSCP, chain_name
 from tensorlights.policy.pod_plan import ChainAction, PodLayout
 from tensorlights.testbed import netns, traffic
-from tensorlights.testbed.netns import in_ns
-from tensorlights.testbed.pods import Mode, PodNode, pod_node
+from tensorlights.testbed.pods import Mode, PodNode, connection_rto_ms, pod_node
 
 PORT = 5001
 INTERVAL = 0.1
@@ -114,7 +112,8 @@ def _measure(node: PodNode, rate: int, seconds: float, turn: float) -> Run:
             while (at := turn * (len(moves) + 1)) < seconds - turn / 2:
                 green = (len(moves) + 1) % 2
                 time.sleep(max(0.0, began + at - 0.05 - time.monotonic()))
-                rtos.append(_rto_ms(node.pods[green].ns))
+                rto = connection_rto_ms(node.pods[green].ns, PORT)
+                rtos.append(float("nan") if rto is None else rto)
                 time.sleep(max(0.0, began + at - time.monotonic()))  # the experiment's clock
                 dataplane.rotate(spec(green))
                 moves.append((time.monotonic() - began, green))
@@ -140,13 +139,6 @@ def _measure(node: PodNode, rate: int, seconds: float, turn: float) -> Run:
         run.shares.append(pods[green][i] / total if total else 0.0)
         run.uses.append(total / slot_bytes)
     return run
-
-
-def _rto_ms(ns: str) -> float:
-    out = subprocess.run(in_ns(ns, "ss", "-tin", f"sport = :{PORT}"),
-                         capture_output=True, text=True, check=True).stdout  # fmt: skip
-    found = re.search(r"\brto:([\d.]+)", out)
-    return float(found.group(1)) if found else float("nan")
 
 
 def _sink(node: PodNode, targets: list[str], seconds: float) -> subprocess.Popen[str]:

@@ -25,6 +25,7 @@ in case we are killed. Needs root, iproute2.
 from __future__ import annotations
 
 import contextlib
+import re
 from collections.abc import Iterator
 from dataclasses import dataclass, field
 from typing import Literal
@@ -67,6 +68,13 @@ class PodNode:
     def peer_ip(self) -> str:
         """Where pods send to: the peer across the NIC (routed) or the overlay (vxlan)."""
         return PEER_IP if self.mode == "routed" else OVERLAY_PEER_IP
+
+
+def connection_rto_ms(ns: str, port: int) -> float | None:
+    """The retransmission timeout (`ss`) of the connection from local `port` in namespace
+    `ns` (the first, if several); None: none there."""
+    found = re.search(r"\brto:([\d.]+)", run(in_ns(ns, "ss", "-tin", f"sport = :{port}")).stdout)
+    return float(found.group(1)) if found else None
 
 
 def _ns(run_id: str, name: str, node: PodNode) -> str:

@@ -8,7 +8,6 @@ from __future__ import annotations
 
 import json
 import os
-import re
 import subprocess
 import sys
 import time
@@ -27,7 +26,7 @@ from tensorlights.model import DatapathSpec, DiscoverySnapshot, JobShaping
 from tensorlights.policy.dscp_plan import DEFAULT_BAND_DSCP
 from tensorlights.testbed import traffic
 from tensorlights.testbed.netns import in_ns, run
-from tensorlights.testbed.pods import Mode, PodNode, pod_node
+from tensorlights.testbed.pods import Mode, PodNode, connection_rto_ms, pod_node
 
 from .holders import scan_until
 from .tcutil import sink_result
@@ -96,7 +95,7 @@ def test_the_green_pod_carries_the_node_nic_in_both_cni_modes(
         dataplane.rotate(_spec(endpoints, "job-b"))
         time.sleep(seconds - rotate_at - 1.0)
         state = _tcp_and_tc_state(node)  # while the workers still read
-        waiting_rto_ms = _rto_ms(node.pods[0].ns)
+        waiting_rto_ms = connection_rto_ms(node.pods[0].ns, PORT)
         result = sink_result(sink, timeout=seconds + 10)
 
         # The marks, on the wire, with job-b green now.
@@ -155,12 +154,6 @@ def _tcp_and_tc_state(node: PodNode) -> str:
     out = [run(in_ns(pod.ns, "ss", "-tin", f"sport = :{PORT}")).stdout for pod in node.pods]
     out.append(run(in_ns(node.node_ns, "tc", "-s", "class", "show", "dev", node.nic)).stdout)
     return "\n".join(out)
-
-
-def _rto_ms(ns: str) -> float | None:
-    """The retransmission timeout of the one connection from the PS port in `ns`."""
-    found = re.search(r"\brto:([\d.]+)", run(in_ns(ns, "ss", "-tin", f"sport = :{PORT}")).stdout)
-    return float(found.group(1)) if found else None
 
 
 def _sniff(node: PodNode, seconds: float) -> subprocess.Popen[str]:
