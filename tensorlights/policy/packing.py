@@ -33,15 +33,19 @@ frameworks' idle before their pushes reads 2-5x their compute (TensorFlow's even
 pushes look unhindered), their demands read low, and `pack` put a waiting job ahead of the
 equal one on top, midway through it. A waiting job is ordered by its demand before that only
 when it pushes clearly fewer bytes than the job on top (DEMAND_BUCKET): a smaller job for
-sure, whatever its compute -- a PS job only: a waiting ring job's bytes per iteration read
-low too (JobLoad.bytes_hold_waiting), and the controller moved the light to such a job
-2-16 s into the job on top in 5 of 6 runs of three equal DDP jobs. A job not measured yet
-keeps its place while it is young (MEASURE_GRACE_S from its first push, or not pushing yet):
-measuring it takes a few iterations, and moving it meanwhile made the light flip twice at a
-run's start (behind a job measured first, then ahead again). A job that has not pushed yet
-held no place before: whichever job a host saw push first went ahead, so hosts deciding
-alone each put a different job of c1's two green (DDP's rendezvous and first broadcast
-reach each rank's host at a different time).
+sure, whatever its compute, and known once SMALLER_AFTER of its pushes are measured -- a PS
+job only: a waiting ring job's bytes per iteration read low too (JobLoad.bytes_hold_waiting),
+and the controller moved the light to such a job 2-16 s into the job on top in 5 of 6 runs
+of three equal DDP jobs. A job not measured yet keeps its place while it is young
+(MEASURE_GRACE_S from its first push, or not pushing yet): measuring it takes a few
+iterations, and moving it meanwhile made the light flip twice at a run's start (behind a job
+measured first, then ahead again). A job that has not pushed yet held no place before:
+whichever job a host saw push first went ahead, so hosts deciding alone each put a different
+job of c1's two green (DDP's rendezvous and first broadcast reach each rank's host at a
+different time). Keeping its place, it stays behind the measured jobs that were ahead of it:
+held to its slot instead, a job measured below it that moved up pushed them behind it (r3 on
+an H200 host: the 1 MB job moved to the top past the 3 MB job, and the 6 MB one, never on
+top and so never ordered, took the 3 MB job's place and kept it to the end).
 
 Starvation bound (StarvationGuard): a job whose time lost to waiting over its life so far
 (at least `window_s`, at most the last HORIZON_WINDOWS windows) approaches what
@@ -75,6 +79,12 @@ MEASURED_AFTER = 5
 """Iterations a job's demand rests on before it orders the job: the first one or two of a
 real framework's job measured 0.44 where the job's steady demand was 0.78 (its first gaps
 include start-up), and moved it ahead of an equal job and back."""
+SMALLER_AFTER = 3
+"""Iterations a waiting PS job's bytes rest on before they show it smaller than the job on
+top (the median of its pushes: one odd push aside). Its compute does not matter there, and
+below two jobs a waiting job's iterations take seconds each: held to MEASURED_AFTER, r3's
+1 MB job waited below the 3 MB one 4 s after its first two pushes had shown it a third of
+the size (H200 host, traced), and ended at 11.5 s, 7.3-8.9 s in the other runs."""
 UNHINDERED_FACTOR = 2.0
 UNHINDERED_SLACK_S = 0.02
 """An iteration's push (its first push's start to its last completion) that took at most
@@ -571,20 +581,21 @@ def ordering_demands(
     trust_top: bool = True,
 ) -> dict[str, float]:
     """The demands pack orders by (module doc): those resting on MEASURED_AFTER iterations,
-    of `top` (the green job: measured where it is; unless not `trust_top`), of jobs measured
-    that long on top, and of jobs pushing clearly fewer bytes than `top` (where their bytes
-    can be believed while they wait: `JobLoad.bytes_hold_waiting`)."""
+    of `top` (the green job: measured where it is; unless not `trust_top`) and of jobs
+    measured that long on top; and those resting on SMALLER_AFTER, of jobs pushing clearly
+    fewer bytes than `top` (where their bytes can be believed while they wait:
+    `JobLoad.bytes_hold_waiting`)."""
     top_load = loads.get(top) if top is not None else None
     demands = {}
     for job, load in loads.items():
-        if load.iterations < MEASURED_AFTER:
-            continue
         smaller = (
-            top_load is not None
+            load.iterations >= SMALLER_AFTER
+            and top_load is not None
             and load.bytes_hold_waiting
             and load.link_s * DEMAND_BUCKET <= top_load.link_s
         )
-        if (trust_top and job == top) or on_top.get(job, 0) >= MEASURED_AFTER or smaller:
+        trusted = (trust_top and job == top) or on_top.get(job, 0) >= MEASURED_AFTER
+        if smaller or (trusted and load.iterations >= MEASURED_AFTER):
             demands[job] = load.demand
     return demands
 
@@ -603,7 +614,8 @@ def pack_order(
     remaining time), the others keep their place in `order`. Unmeasured jobs in `holding`
     (young ones, still being measured) keep their place too: a job is not put behind and
     then ahead again while its first iterations are measured, and does not displace a
-    measured one."""
+    measured one -- each comes right behind the last (in demand order) of the measured jobs
+    that were ahead of it in `order`, ahead of those that were behind it."""
     ends = end_times or {}
     position = {job: i for i, job in enumerate(order)}
 
@@ -619,13 +631,19 @@ def pack_order(
             groups[-1].append(job)
         else:
             groups.append([job])
-    by_demand = iter([job for group in groups for job in sorted(group, key=within)])
-    # Held jobs keep their slots; the measured ones fill the others in demand order.
-    middle = [
-        job if job in holding else next(by_demand)
-        for job in rest
-        if job in demands or job in holding
-    ]
+    by_demand = [job for group in groups for job in sorted(group, key=within)]
+    rank = {job: i for i, job in enumerate(by_demand)}
+    # A held job sorts right behind the last-ranked measured job that was ahead of it (-1:
+    # none), after the held jobs that were ahead of it too (that rank only grows along
+    # `order`).
+    behind = -1
+    keys: dict[str, tuple[int, int]] = {job: (i, 0) for i, job in enumerate(by_demand)}
+    for job in rest:
+        if job in demands:
+            behind = max(behind, rank[job])
+        elif job in holding:
+            keys[job] = (behind, 1 + position[job])
+    middle = sorted(keys, key=keys.__getitem__)
     last = sorted((job for job in rest if job not in demands and job not in holding), key=within)
     return first + middle + last
 

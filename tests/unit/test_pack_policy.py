@@ -15,6 +15,7 @@ from tensorlights.policy.packing import (
     HORIZON_WINDOWS,
     MEASURE_GRACE_S,
     MEASURED_AFTER,
+    SMALLER_AFTER,
     JobLoad,
     Measured,
     SiblingRuns,
@@ -112,9 +113,15 @@ def test_order_holds_young_unmeasured_jobs_in_place_and_keeps_the_order_in_force
     assert pack_order(["a", "b"], {"b": 0.5}, {}, holding=frozenset({"a"})) == ["a", "b"]
     # A held job does not displace a measured one ahead of it either.
     assert pack_order(["b", "a"], {"b": 0.5}, {}, holding=frozenset({"a"})) == ["b", "a"]
-    # Measured jobs still sort by demand around the held one's slot.
+    # Measured jobs still sort by demand; the held one stays behind those that were ahead
+    # of it, and ahead of those that were behind it (unless they move up past it).
     order = pack_order(["big", "new", "small"], {"big": 0.6, "small": 0.2}, {}, None, {"new"})
+    assert order == ["small", "big", "new"]
+    order = pack_order(["small", "new", "big"], {"big": 0.6, "small": 0.2}, {}, None, {"new"})
     assert order == ["small", "new", "big"]
+    held = frozenset({"x", "y"})
+    order = pack_order(["x", "m", "y", "s"], {"m": 0.6, "s": 0.2}, {}, None, held)
+    assert order == ["x", "s", "m", "y"]
     # Equal demands keep the order in force, not the arrival order.
     assert pack_order(["b", "a"], {"a": 0.45, "b": 0.55}, {}) == ["b", "a"]
 
@@ -460,6 +467,28 @@ def test_a_waiting_job_of_the_same_size_is_ordered_only_once_measured_on_top() -
     # A smaller job (fewer bytes) waiting below is ordered by its demand right away.
     smaller = {**both, "d": load(0.1, 0.6, MEASURED_AFTER)}
     assert policy.evaluate(61.0, {"b", "c", "d"}, smaller).green == "d"
+
+
+def test_a_smaller_waiting_job_goes_ahead_after_a_few_pushes_and_a_held_job_stays_behind() -> None:
+    # r3 as an H200 host saw it (traced): discovery found the 3 MB job first, then the 6 MB
+    # one, then the 1 MB one. The 1 MB job, waiting below both, is ordered by its demand
+    # once SMALLER_AFTER pushes show it smaller than the job on top ...
+    policy = _pack()
+    jobs = {"medium", "large", "small"}
+    policy.evaluate(0.0, {"medium"}, {})
+    policy.evaluate(0.1, {"medium", "large"}, {})
+    policy.evaluate(0.2, jobs, {})
+    medium = load(0.167, 0.17, 10)
+    early = {"medium": medium, "large": load(0.335, 0.9, 3), "small": load(0.056, 0.9, 2)}
+    assert policy.evaluate(2.6, jobs, early).order == ("medium", "large", "small")
+    later = {**early, "small": load(0.056, 0.9, SMALLER_AFTER)}
+    # ... and the 6 MB job, measured only while waiting (its demand not trusted), keeps its
+    # place behind the 3 MB job ahead of it: not that job's slot.
+    assert policy.evaluate(3.6, jobs, later).order == ("small", "medium", "large")
+    # Equal bytes: not before MEASURED_AFTER iterations on top, however few it pushes.
+    assert ordering_demands({"a": medium, "b": load(0.15, 0.9, 20)}, {}, "a") == {
+        "a": medium.demand
+    }
 
 
 def test_a_waiting_ring_job_with_fewer_bytes_is_not_taken_for_a_smaller_job() -> None:
