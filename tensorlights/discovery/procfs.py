@@ -34,6 +34,20 @@ class ProcessHidden(Exception):
     """The process exists but we may not read it (permissions, hidepid, LSM)."""
 
 
+READ_ANY_PROCESS = {"CAP_DAC_READ_SEARCH": 2, "CAP_SYS_PTRACE": 19}
+"""The capabilities (name: bit) that read another user's process: its environment, its file
+table (where its sockets are)."""
+
+
+def missing_read_capabilities(status: Path = Path("/proc/self/status")) -> list[str]:
+    """Of READ_ANY_PROCESS, those this process's effective set lacks."""
+    effective = 0
+    for line in status.read_text().splitlines():
+        if line.startswith("CapEff:"):
+            effective = int(line.split()[1], 16)
+    return [name for name, bit in READ_ANY_PROCESS.items() if not effective >> bit & 1]
+
+
 @dataclass(frozen=True, slots=True)
 class ProcKey:
     pid: int

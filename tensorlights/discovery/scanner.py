@@ -35,7 +35,7 @@ from __future__ import annotations
 
 import os
 import time
-from collections.abc import Callable, Iterable
+from collections.abc import Callable, Iterable, Sequence
 from dataclasses import dataclass, replace
 from typing import Any, Literal
 
@@ -43,10 +43,12 @@ from tensorlights.discovery.proc_events import ProcessWatcher
 from tensorlights.discovery.procfs import (
     RDMA_DEVICE,
     RDMA_LINK_PREFIX,
+    READ_ANY_PROCESS,
     ProcessGone,
     ProcessHidden,
     ProcFs,
     ProcKey,
+    missing_read_capabilities,
 )
 from tensorlights.discovery.rules import DiscoveryRules, Identity, ProcessFacts, identify
 from tensorlights.discovery.sockdiag import SockDiag, TcpSocket, TcpState
@@ -62,6 +64,8 @@ YOUNG_PS_S = 30.0
 """A PS this new has its descriptors checked every poll: a framework opens its listening
 socket seconds after exec() (imports, rendezvous), and a new job's port should be known
 within a poll, not a scan."""
+HIDDEN_SHOWN = 5
+"""The PIDs of unreadable processes status names (then "...")."""
 
 _FdRead = set[int] | Literal["gone", "hidden"]
 
@@ -136,6 +140,7 @@ class Scanner:
         """The PIDs of the last listing of /proc (polling only)."""
         self._spank = SpankRecords(rules.slurm_spank_dir)
         self._proc = procfs or ProcFs()
+        self._missing_capabilities = missing_read_capabilities()
         self._clock = clock
         self._exec_grace_s = exec_grace_s
         self._full_sweep_s = full_sweep_s
@@ -583,13 +588,31 @@ class Scanner:
             for entry in self._entries.values()
             if entry.problem
         ]
-        hidden = sum(1 for entry in self._entries.values() if entry.hidden)
+        hidden = sorted(entry.key.pid for entry in self._entries.values() if entry.hidden)
         if hidden:
-            problems.append(
-                f"{hidden} processes could not be read (permission denied); run the agent as "
-                "root or with CAP_SYS_PTRACE and CAP_DAC_READ_SEARCH to see their jobs"
-            )
+            problems.append(hidden_problem(hidden, self._missing_capabilities))
         return tuple(sorted(problems))
+
+
+def hidden_problem(pids: Sequence[int], missing: Sequence[str]) -> str:
+    """What status says of processes discovery could not read, and what to do about them:
+    grant what the agent lacks (`missing`), or, where it lacks nothing, know that nothing
+    the agent can do will show them (the Firecracker VMs this project runs on refuse their
+    PID 1 to root, and the old hint told root to run as root)."""
+    shown = ", ".join(str(pid) for pid in pids[:HIDDEN_SHOWN])
+    if len(pids) > HIDDEN_SHOWN:
+        shown += ", ..."
+    if missing:
+        return (
+            f"{len(pids)} processes could not be read (permission denied; pids {shown}): "
+            f"the agent lacks {' and '.join(missing)}; run it as root or grant them to see "
+            "their jobs"
+        )
+    return (
+        f"{len(pids)} processes could not be read even with {' and '.join(READ_ANY_PROCESS)} "
+        f"(pids {shown}): the kernel refuses them to root too (a security module, a "
+        "sandbox's own processes); jobs among them are not scheduled"
+    )
 
 
 def _is_ps(entry: _Entry) -> bool:

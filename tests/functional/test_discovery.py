@@ -12,7 +12,12 @@ from pathlib import Path
 import pytest
 
 from tensorlights.discovery.proc_events import ProcessWatcher, ProcEvents
-from tensorlights.discovery.procfs import ProcessGone, ProcFs, ProcKey
+from tensorlights.discovery.procfs import (
+    ProcessGone,
+    ProcFs,
+    ProcKey,
+    missing_read_capabilities,
+)
 from tensorlights.discovery.rules import DiscoveryRules, OperatorRule, ProcessFacts
 from tensorlights.discovery.scanner import YOUNG_PS_S
 from tensorlights.discovery.trust import TRUST_ANY
@@ -463,3 +468,24 @@ def test_discover_command_uses_the_config_files_rules(tmp_path: Path) -> None:
             [*command, "--config", str(tmp_path / "absent.toml")], capture_output=True, text=True
         )
         assert missing.returncode == 2 and "does not exist" in missing.stderr
+
+
+@pytest.mark.root
+def test_what_the_agent_lacks_to_read_other_processes_is_read_from_its_capabilities() -> None:
+    """The effective set the kernel gives the process (/proc/self/status), as the agent runs
+    it: root has both capabilities; without them in its bounding set (a unit's
+    CapabilityBoundingSet=, a container's dropped capabilities) it names what it lacks."""
+    assert missing_read_capabilities() == []
+    script = (
+        "from tensorlights.discovery.procfs import missing_read_capabilities; "
+        "print(','.join(missing_read_capabilities()))"
+    )
+    for dropped, lacking in (
+        ("-dac_read_search,-sys_ptrace", "CAP_DAC_READ_SEARCH,CAP_SYS_PTRACE"),
+        ("-sys_ptrace", "CAP_SYS_PTRACE"),
+    ):
+        run = subprocess.run(
+            ["setpriv", f"--bounding-set={dropped}", sys.executable, "-c", script],
+            capture_output=True, text=True, timeout=60, check=True,
+        )  # fmt: skip
+        assert run.stdout.strip() == lacking

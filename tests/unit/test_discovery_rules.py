@@ -1,4 +1,5 @@
-"""Classification rules: launcher environments -> (job, role), precedence, malformed input."""
+"""Classification rules: launcher environments -> (job, role), precedence, malformed input;
+what status says of processes discovery could not read."""
 
 from __future__ import annotations
 
@@ -17,6 +18,7 @@ from tensorlights.discovery.rules import (
     Verdict,
     identify,
 )
+from tensorlights.discovery.scanner import HIDDEN_SHOWN, hidden_problem
 from tensorlights.discovery.trust import TRUST_ANY
 from tensorlights.errors import ConfigError
 from tensorlights.model import DiscoverySnapshot, PsConnection, PsTask
@@ -359,3 +361,16 @@ def test_snapshot_ports_by_job_drop_contested_and_foreign_namespace_ports() -> N
     clash = DiscoverySnapshot(tasks=(_task("a", 1, {5000}), _task("b", 2, {5000})))
     assert clash.contested_ports() == {5000}
     assert clash.job_ports() == {"a": frozenset({40001}), "b": frozenset({40002})}
+
+
+def test_unreadable_processes_are_named_with_what_to_do() -> None:
+    lacking = hidden_problem([7, 9], ["CAP_SYS_PTRACE"])
+    assert lacking.startswith("2 processes could not be read (permission denied; pids 7, 9)")
+    assert "lacks CAP_SYS_PTRACE; run it as root or grant them" in lacking
+    # Where it lacks nothing, granting is not the answer (a Firecracker VM's PID 1 is
+    # refused to root); a long list is cut.
+    many = list(range(100, 100 + HIDDEN_SHOWN + 3))
+    hidden = hidden_problem(many, [])
+    assert hidden.startswith(f"{len(many)} processes could not be read even with ")
+    assert f"(pids {', '.join(map(str, many[:HIDDEN_SHOWN]))}, ...)" in hidden
+    assert "grant" not in hidden and "refuses them to root too" in hidden
