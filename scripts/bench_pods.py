@@ -28,7 +28,7 @@ import tempfile
 import time
 from dataclasses import dataclass
 from pathlib import Path
-from typing import cast
+from typing import cast, get_args
 
 from tensorlights.datapath import open_datapath
 from tensorlights.datapath.dataplane import Dataplane, Marking
@@ -125,9 +125,10 @@ def _measure(node: PodNode, rate: int, seconds: float, turn: float) -> Run:
     pods = [flows[t] for t in targets]
     slot_bytes = rate / 8 * INTERVAL
     starts = [int(at / INTERVAL) + 1 for at, _ in moves]
+    total = [a + b for a, b in zip(*pods, strict=True)]
     run = Run([], [], [], rtos)
     for (_, green), first in zip(moves, starts, strict=True):
-        mine, total = pods[green], [a + b for a, b in zip(*pods, strict=True)]
+        mine = pods[green]
         led = (i for i in range(first, len(mine))
                if mine[i] >= 0.85 * total[i] and mine[i] >= 0.5 * slot_bytes)  # fmt: skip
         run.took_s.append((next(led, len(mine)) - first) * INTERVAL)
@@ -135,9 +136,8 @@ def _measure(node: PodNode, rate: int, seconds: float, turn: float) -> Run:
         if any(0 <= i - s < SETTLE_SLOTS for s in starts):
             continue
         green = sum(1 for s in starts if s <= i) % 2
-        total = pods[0][i] + pods[1][i]
-        run.shares.append(pods[green][i] / total if total else 0.0)
-        run.uses.append(total / slot_bytes)
+        run.shares.append(pods[green][i] / total[i] if total[i] else 0.0)
+        run.uses.append(total[i] / slot_bytes)
     return run
 
 
@@ -188,6 +188,9 @@ def main() -> None:
         "--congctl", default="cubic", help="the pods' TCP congestion control(s), comma-separated"
     )
     args = parser.parse_args()
+    modes = cast(list[Mode], args.modes.split(","))
+    if unknown := set(modes) - set(get_args(Mode)):
+        parser.error(f"--modes: no such mode {', '.join(sorted(unknown))} (routed, vxlan)")
     print(
         f"Pods behind a node NIC shaped at {args.rate} Mbit/s, the light moving every "
         f"{args.turn:g} s for {args.seconds:g} s, {args.repetitions} runs per mode\n"
@@ -198,7 +201,7 @@ def main() -> None:
     )
     print("|---|---|---:|---:|---:|---:|---|---|")
     for congctl in args.congctl.split(","):
-        for mode in cast(list[Mode], args.modes.split(",")):
+        for mode in modes:
             runs = [
                 one_run(mode, args.rate, args.seconds, args.turn, congctl)
                 for _ in range(args.repetitions)
