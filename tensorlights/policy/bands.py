@@ -118,6 +118,9 @@ class PackView:
     not_iterative: frozenset[str] = frozenset()
     """Jobs green long enough to be measured that completed no iteration (bulk traffic):
     never promoted for their lag (packing.StarvationGuard.not_iterative)."""
+    waits_for_siblings: frozenset[str] = frozenset()
+    """Jobs past their lag's allowance kept waiting: all the jobs here are their siblings,
+    ending in time for them (packing.StarvationGuard.waits_in_time)."""
 
 
 @dataclass
@@ -260,7 +263,7 @@ class BandPolicy:
         """The starvation guard's view while the controller orders the jobs (PlanFollower):
         its promotions are reported, for the cluster-wide order to keep the bound. `green`:
         the job green here since the previous evaluation."""
-        self._judge(now, set(jobs), loads, started, declared, green)
+        self._judge(now, set(jobs), loads, started, declared, green, alone=False)
 
     def _judge(
         self,
@@ -270,10 +273,12 @@ class BandPolicy:
         started: Mapping[str, float] | None,
         declared: Mapping[str, int] | None,
         green: str | None,
+        alone: bool = True,
     ) -> None:
-        """The starvation guard's update, the jobs' declared lengths with their siblings'."""
+        """The starvation guard's update, the jobs' declared lengths with their siblings'.
+        `alone`: this host orders its jobs itself (not a controller: StarvationGuard.update)."""
         lengths = self.siblings.update(now, jobs, loads, declared or {})
-        self._guard.update(now, loads, jobs, started, lengths, green)
+        self._guard.update(now, loads, jobs, started, lengths, green, alone)
 
     @property
     def promoted(self) -> dict[str, float]:
@@ -294,6 +299,7 @@ class BandPolicy:
             },
             slack_s=dict(self._guard.slack),
             not_iterative=self._guard.not_iterative,
+            waits_for_siblings=self._guard.waits_for_siblings,
             iterations_inferred=dict(self.siblings.inferred),
         )
 

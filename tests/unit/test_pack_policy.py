@@ -314,6 +314,57 @@ def test_a_job_is_given_the_length_of_the_latest_sibling_that_ended() -> None:
     assert policy.pack_view().iterations_inferred == {"b": 30}
 
 
+def _sibling_run(
+    b_speed: float, b_joins_s: int = 0, alone: bool = True, other: JobLoad | None = None
+) -> tuple[int | None, frozenset[str]]:
+    """a (P = 0.5 s) runs at full speed from 0 s; b, pushing the same bytes, from `b_joins_s`
+    on at `b_speed` of it below a; `other`: a third job beside them. When b is first
+    promoted (None: not in 60 s), and the jobs the guard kept waiting for their siblings at
+    the last update."""
+    guard = StarvationGuard(max_slowdown=2.0, window_s=20.0)
+    for t in range(0, 60):
+        loads = {"a": load(0.3, 0.2, 2 * t)}
+        if t >= b_joins_s:
+            loads["b"] = load(0.3, 0.2, int(2 * b_speed * (t - b_joins_s)))
+        if other is not None:
+            loads["c"] = other
+        started = dict.fromkeys(loads, 0.0) | {"b": float(b_joins_s)}
+        guard.update(float(t), loads, set(loads), started, alone=alone)
+        if "b" in guard.promoted:
+            return t, guard.waits_for_siblings
+    return None, guard.waits_for_siblings
+
+
+def test_guard_lets_a_job_wait_for_a_sibling_it_ends_in_time_behind() -> None:
+    # b does a quarter of its iterations below a, its sibling (same bytes, launched
+    # together): its lag passes the 8 s the 20 s window allows (at 0.8 of 2x) at 11 s. If
+    # both run N iterations (N unknown, at least a's count), b ends, waiting for a to end
+    # first, by N x 0.5 (a) + 0.75 x N x 0.5 (b's rest): 1.75x, within 0.9 of 2x whatever N.
+    assert _sibling_run(0.25) == (None, frozenset({"b"}))
+    # Gaining nothing it would end at 2x: past 0.9 of the bound, so judged by its lag (all
+    # its time: past 8 s).
+    assert _sibling_run(0.0) == (9, frozenset())
+    # b launched 11 s after a: not its sibling, nothing says they are as long.
+    assert _sibling_run(0.25, b_joins_s=11) == (22, frozenset())
+    # A third job of other bytes here: b may wait for it too, its length unknown.
+    assert _sibling_run(0.25, other=load(0.6, 0.2, 40))[0] is not None
+    # Under a controller a job's speed is set by every host it runs on: the lag rule.
+    assert _sibling_run(0.25, alone=False) == (11, frozenset())
+    # pack shows it (status --json: pack.waits_for_siblings).
+    policy = _pack(starvation_window_s=20.0)
+    for t in range(0, 12):
+        loads = {"a": load(0.3, 0.2, 2 * t), "b": load(0.3, 0.2, t // 2)}
+        policy.evaluate(float(t), {"a", "b"}, loads, dict.fromkeys(loads, 0.0))
+    view = policy.pack_view()
+    assert view.waits_for_siblings == {"b"} and view.lag_s["b"] > view.lag_allowed_s["b"] * 0.8
+    assert not view.promoted_lag_s
+    # A ring's bytes a waiting iteration cannot be believed: no sibling.
+    guard = StarvationGuard(max_slowdown=2.0, window_s=20.0)
+    ring = replace(load(0.3, 0.2, 10), bytes_hold_waiting=False)
+    loads = {"a": load(0.3, 0.2, 40), "b": ring}
+    assert not guard.waits_in_time("b", 20.0, loads, {"a", "b"})
+
+
 def test_guard_aims_for_a_feasible_bound_and_promotes_only_what_fits() -> None:
     guard = StarvationGuard(max_slowdown=2.0, window_s=20.0)
     # Five jobs of demand 0.5: together they need 2.5 links, so 2x cannot hold for all.
@@ -508,7 +559,8 @@ def test_a_waiting_ring_job_with_fewer_bytes_is_not_taken_for_a_smaller_job() ->
 def _deadline_run(declared: dict[str, int], window_s: float, b_first_s: int = 0) -> list[int]:
     """b (P = 0.5 s, demand 0.6: one of them at a time) pushes from 0 s, runs at full speed
     for its first `b_first_s` seconds, then completes nothing behind a until promoted, and
-    then 2 iterations a second again. The seconds at which b is promoted, until it ends."""
+    then 2 iterations a second again. a pushes other bytes (another model: not b's sibling,
+    StarvationGuard.waits_in_time). The seconds at which b is promoted, until it ends."""
     guard = StarvationGuard(max_slowdown=2.0, window_s=window_s)
     jobs = {"a", "b"}
     done = 0
@@ -518,7 +570,7 @@ def _deadline_run(declared: dict[str, int], window_s: float, b_first_s: int = 0)
             done += 2 if t else 0
         if "b" in guard.promoted:
             promoted_at.append(t)
-        loads = {"a": load(0.3, 0.2, 2 * t), "b": load(0.3, 0.2, done)}
+        loads = {"a": load(0.35, 0.15, 2 * t), "b": load(0.3, 0.2, done)}
         guard.update(float(t), loads, jobs, dict.fromkeys(jobs, 0.0), declared)
         if done >= 40:
             break
