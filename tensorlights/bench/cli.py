@@ -167,7 +167,7 @@ def run(
                 f"[{number}/{len(todo)}] {scenario} {policy.value} rep {rep}: avg JCT {avg:.2f} s,"
                 f" link {trial.utilisation:.0%} ({(time.monotonic() - began) / 60:.1f} min)"
             )
-    _write_report(out, chosen, no_plots)
+    _write_report(out, _recorded(meta), no_plots)
 
 
 @main.command(name="report")
@@ -175,9 +175,13 @@ def run(
 @click.option("--no-plots", is_flag=True, help="Markdown only (no matplotlib).")
 def report_command(folder: Path, no_plots: bool) -> None:
     """Rebuild FOLDER/report.md (and plots) from FOLDER/trials.jsonl."""
-    meta = json.loads((folder / META).read_text())
-    chosen = [SCENARIOS[key].scaled(meta["scale"]) for key in meta["scenarios"]]
-    _write_report(folder, chosen, no_plots)
+    _write_report(folder, _recorded(json.loads((folder / META).read_text())), no_plots)
+
+
+def _recorded(meta: dict[str, Any]) -> list[Scenario]:
+    """The scenarios a results folder holds, at its scale: a resumed run's report covers the
+    scenarios of the runs before it too."""
+    return [SCENARIOS[key].scaled(meta["scale"]) for key in meta["scenarios"]]
 
 
 @main.command()
