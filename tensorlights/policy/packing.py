@@ -135,6 +135,16 @@ SIBLINGS_KEPT = 32
 """The latest ended jobs' lengths kept (SiblingRuns)."""
 
 
+def siblings(appeared: float, link_s: float, other_appeared: float, other_link_s: float) -> bool:
+    """Two PS jobs are siblings -- the same model launched together -- if they appeared within
+    SIBLING_ARRIVAL_S of each other and push the same bytes an iteration (link times within
+    SIBLING_MATCH of the first's): SiblingRuns, StarvationGuard.waits_in_time."""
+    return (
+        abs(appeared - other_appeared) <= SIBLING_ARRIVAL_S
+        and abs(link_s - other_link_s) <= SIBLING_MATCH * link_s
+    )
+
+
 def wire_bytes(payload: float, mss: int = MSS, headers: int = HEADER_BYTES) -> float:
     """Bytes on the wire for a TCP payload sent in full-size segments."""
     return payload * (mss + headers) / mss
@@ -529,8 +539,7 @@ class StarvationGuard:
             return False
         if now <= first:  # nothing measured of its time yet
             return False
-        per_iteration = 0.0  # the others' seconds per iteration, together
-        least = load.iterations
+        paces: list[tuple[int, float]] = []  # each other's iterations done, seconds per one
         for other in others:
             other_load, other_first = loads.get(other), self._first_seen.get(other)
             if (
@@ -539,29 +548,20 @@ class StarvationGuard:
                 or not other_load.bytes_hold_waiting
                 or other_load.iterations <= 0
                 or now <= other_first
-                or abs(other_first - first) > SIBLING_ARRIVAL_S
-                or abs(other_load.link_s - load.link_s) > SIBLING_MATCH * load.link_s
+                or not siblings(first, load.link_s, other_first, other_load.link_s)
             ):
                 return False
-            per_iteration += (now - other_first) / other_load.iterations
-            least = max(least, other_load.iterations)
+            paces.append((other_load.iterations, (now - other_first) / other_load.iterations))
+        least = max([load.iterations, *(done for done, _ in paces)])
+        per_iteration = sum(pace for _, pace in paces)  # the others' together
+        others_s = sum((least - done) * pace for done, pace in paces)
         period = self.period(job, load)
         gained = load.iterations * period / (now - first)
         bound = self.effective_bound
-
-        def within(iterations: float, others_s: float) -> bool:
-            own = max((iterations - load.iterations) * period - gained * others_s, 0.0)
-            left = first + bound * iterations * period - now - others_s
-            return own <= SIBLINGS_AT * left
-
-        others_s = sum(
-            max(least - loads[other].iterations, 0)
-            * (now - self._first_seen[other])
-            / loads[other].iterations
-            for other in others
-        )
+        own = max((least - load.iterations) * period - gained * others_s, 0.0)
+        left = first + bound * least * period - now - others_s
         own_slope = max(period - gained * per_iteration, 0.0)
-        return within(least, others_s) and own_slope <= SIBLINGS_AT * (
+        return own <= SIBLINGS_AT * left and own_slope <= SIBLINGS_AT * (
             bound * period - per_iteration
         )
 
@@ -644,8 +644,7 @@ class SiblingRuns:
                 (
                     iterations
                     for appeared, link_s, iterations in reversed(self._ended)
-                    if abs(appeared - self._appeared[job]) <= SIBLING_ARRIVAL_S
-                    and abs(link_s - load.link_s) <= SIBLING_MATCH * link_s
+                    if siblings(appeared, link_s, self._appeared[job], load.link_s)
                 ),
                 None,
             )
