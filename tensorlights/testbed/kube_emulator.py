@@ -204,6 +204,11 @@ class KubeEmulator:
                 self.end_headers()  # HTTP/1.0: the stream ends when the connection closes
                 since = query.get("resourceVersion", "")
                 with store.changed:
+                    if self.connection not in emulator._watchers:
+                        # restart() cut it before it read the store: that server is gone.
+                        # (Answered 410 on the cut connection, the client retried and
+                        # got a second 410: `expired` counted 2 for one resumed watch.)
+                        return
                     if since in ("", "0"):
                         backlog = [_Event(store.version, "ADDED", p) for p in store.pods.values()]
                         sent = store.version
