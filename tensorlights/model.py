@@ -377,6 +377,9 @@ class ReportedJob:
     """Set while this host's starvation guard would promote the job: the time it lost to
     waiting over the starvation window (packing.StarvationGuard), for the controller's
     cluster-wide order to put it first, as an agent's own pack does."""
+    waits_for_siblings: bool = False
+    """With lag_s: the job waits in time for its siblings, the only jobs on this host
+    (packing.StarvationGuard.waits_in_time); kept waiting where every host says so."""
 
 
 DEMAND_NOISE = 1.1
@@ -395,8 +398,8 @@ def jobs_moved(old: Sequence[ReportedJob], new: Sequence[ReportedJob]) -> bool:
     """News between two reports of a host's jobs: a job came or went, or its ports, kind,
     processes or connections changed, or its demand moved beyond noise, or it began (or
     ceased) to be measured iterating, which the controller's order holds on, or to starve
-    (lag_s) (telemetry that only fluctuates, spread, period and a lag's size, is not news:
-    heartbeats carry it)."""
+    (lag_s) or wait for its siblings (telemetry that only fluctuates, spread, period and a
+    lag's size, is not news: heartbeats carry it)."""
     before = {job.job: job for job in old}
     after = {job.job: job for job in new}
     if before.keys() != after.keys():
@@ -405,7 +408,7 @@ def jobs_moved(old: Sequence[ReportedJob], new: Sequence[ReportedJob]) -> bool:
     def shape(job: ReportedJob) -> tuple[object, ...]:
         return (
             job.ports, job.kind, job.processes, job.connections, job.period_s is None,
-            job.lag_s is None,
+            job.lag_s is None, job.waits_for_siblings,
         )  # fmt: skip
 
     return any(

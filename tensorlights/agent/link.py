@@ -172,6 +172,7 @@ def reported_jobs(
                 demand=result.demands.get(job),
                 kind=kinds.get(job, JobKind.PS),
                 lag_s=result.starving.get(job),
+                waits_for_siblings=job in result.waits_for_siblings,
             )
         )
     return tuple(jobs)

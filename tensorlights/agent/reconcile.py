@@ -51,6 +51,9 @@ class PassResult:
     starving: Mapping[str, float] = field(default_factory=dict)
     """The jobs the starvation guard would promote, with their lag (PlanFollower.starving):
     reported to the controller."""
+    waits_for_siblings: frozenset[str] = frozenset()
+    """Of those, the jobs waiting in time for their siblings (PlanFollower.waits_for_siblings):
+    reported to the controller."""
     pack: PackView | None = None
     """pack's starvation guard after this pass (None under other policies)."""
     vouchers: tuple[JobVoucher, ...] = ()
@@ -242,6 +245,7 @@ class Reconciler:
             loads=loads,
             demands=self._policy.trusted_demands(loads),
             starving=self._policy.starving(),
+            waits_for_siblings=self._policy.waits_for_siblings(),
             pack=self._policy.local.pack_view() if self.config.policy is PolicyName.PACK else None,
             vouchers=self._vouchers,
             pods=self.config.pod_shaping,

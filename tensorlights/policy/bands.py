@@ -281,6 +281,11 @@ class BandPolicy:
         self._guard.update(now, loads, jobs, started, lengths, green, alone)
 
     @property
+    def waits_for_siblings(self) -> frozenset[str]:
+        """Jobs past their lag's limit that wait in time for their siblings here."""
+        return self._guard.waits_for_siblings
+
+    @property
     def promoted(self) -> dict[str, float]:
         """Jobs `pack` promoted for the starvation bound, with their lag (seconds)."""
         return dict(self._guard.promoted)

@@ -319,7 +319,8 @@ class StarvationGuard:
     reads, a job gaining less in the gaps, or a job of other bytes arriving, hands it back
     to the lag rule at once (its lag by then is past its allowance). Siblings of unequal
     length break the premise: a short sweep trial behind a long one waits until the long
-    one ends. Only where this host orders its jobs itself (`alone` in update).
+    one ends. Under a controller, only where every host of the job says so (`alone` in
+    update).
     """
 
     max_slowdown: float
@@ -347,8 +348,9 @@ class StarvationGuard:
     """Jobs that pushed, were green MEASURE_GRACE_S and still completed no iteration (a bulk
     copy, not a training job) as of the last update: never promoted for their lag."""
     waits_for_siblings: frozenset[str] = frozenset()
-    """Jobs past their lag's limit that the guard kept waiting as of the last update: all
-    the jobs here are their siblings, ending in time for them (waits_in_time)."""
+    """Jobs past their lag's limit that wait in time for their siblings, all the jobs here,
+    as of the last update (waits_in_time): kept waiting where this host orders its jobs
+    alone, told to the controller otherwise (`alone` in update)."""
     _green_unmeasured_s: dict[str, float] = field(default_factory=dict)
     """Per job that began to push, how long it has been green without a load."""
     _updated_at: float | None = None
@@ -440,12 +442,14 @@ class StarvationGuard:
         seconds to minutes, without traffic.
         `declared`: the total iterations of the jobs that declared them (class doc).
         `green`: the job green since the previous update (not_iterative).
-        `alone`: this host orders its jobs itself. Not under a controller: its order is one for
+        `alone`: this host orders its jobs itself. Under a controller its order is one for
         every host, a job's speed set by all of them, and one host's siblings do not tell
-        when the job gets the light (waits_in_time; the simulator's m3, where each sharded
-        job is the others' sibling on one host: j3, promoted on the host it shares with a
-        smaller job, was kept waiting on the other, whose report vetoed the cluster-wide
-        promotion (Registry.starving), and ended at 2.35x)."""
+        when the job gets the light: a job waiting in time for its siblings here is still
+        promoted (reported starving) and also named in waits_for_siblings, judged afresh at
+        every update while past its limit, and the controller keeps it waiting only where
+        every host it runs on says so (Registry.starving). Kept waiting by one host's word,
+        j3 in the simulator's m3 (promoted on the host it shares with a smaller job, the
+        others' sibling on the other) ended at 2.35x."""
         declared = declared or {}
         for job in list(self._first_seen):
             if job not in jobs:
@@ -501,13 +505,13 @@ class StarvationGuard:
             if job in self.not_iterative:
                 continue
             limit = PROMOTE_AT * self.allowed(self.effective_bound, span)
-            if job in self.promoted:
+            if job in self.promoted and (alone or lag <= limit):
                 if lag >= RELEASE_AT * limit:
                     candidates[job] = lag
             elif lag > limit:
-                if alone and self.waits_in_time(job, now, loads, jobs):
+                if self.waits_in_time(job, now, loads, jobs):
                     waiting.add(job)
-                else:
+                if not alone or job not in waiting:
                     candidates[job] = lag
         self.waits_for_siblings = frozenset(waiting)
         # Those promoted keep their turn (class doc); the others follow, the most behind

@@ -258,6 +258,12 @@ class PlanFollower:
         behind long jobs: the simulator's cluster day, slowdowns up to 200x)."""
         return self.local.promoted
 
+    def waits_for_siblings(self) -> frozenset[str]:
+        """Of those, the jobs that wait in time for their siblings here
+        (StarvationGuard.waits_for_siblings): reported with their lag, for the controller to
+        keep them waiting where every host they run on says so."""
+        return self.local.waits_for_siblings & self.local.promoted.keys()
+
     def trusted_demands(self, loads: Mapping[str, JobLoad]) -> dict[str, float]:
         """The demands pack orders by on this host (packing.ordering_demands), whoever holds
         the light: what is reported to the controller, so its cluster-wide order does not

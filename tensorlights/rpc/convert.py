@@ -170,6 +170,7 @@ def report(data: bytes) -> HostReport:
             demand=_optional_number(job, "demand", lambda v: 0 < v <= 1, "in (0, 1]"),
             kind=_job_kind(job),
             lag_s=_optional_seconds(job, "lag_s"),
+            waits_for_siblings=job.waits_for_siblings,
         )
     rotations = []
     for rotation in message.rotations:
@@ -329,6 +330,7 @@ def report_message(report: HostReport) -> pb.AgentReport:
             message.demand = job.demand
         if job.lag_s is not None:
             message.lag_s = job.lag_s
+        message.waits_for_siblings = job.waits_for_siblings
         jobs.append(message)
     return pb.AgentReport(
         session=report.session,

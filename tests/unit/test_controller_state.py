@@ -540,13 +540,47 @@ def test_the_controller_puts_jobs_its_agents_report_starving_first_the_most_behi
     assert orders() == (("x", "y", "z"), ("v", "w"))
 
 
+def test_the_controller_keeps_a_job_waiting_for_its_siblings_where_all_its_hosts_say_so() -> None:
+    """A job past its lag's limit whose only company on a host is its siblings, which it
+    ends in time behind, is reported starving and waiting for them (waits_for_siblings):
+    kept waiting where every host reporting it says so; promoted where one host says it
+    starves without that excuse (there it waits behind other jobs too)."""
+    registry = Registry()
+    sessions = {h: registry.register(reg(h), now=0).session for h in ("a", "b")}
+    seqs = dict.fromkeys(sessions, 0)
+
+    def report(host: str, jobs: dict[str, tuple[float | None, bool]]) -> None:
+        seqs[host] += 1
+        reported = tuple(
+            ReportedJob(j, frozenset({1000 + i}), 1, 1, 0.1, 0.3, 0.5, lag_s=lag,
+                        waits_for_siblings=waits)
+            for i, (j, (lag, waits)) in enumerate(sorted(jobs.items()))
+        )  # fmt: skip
+        registry.report(HostReport(sessions[host], seqs[host], reported, (), "plan", ""), 1.0)
+
+    report("a", {"x": (None, False), "y": (30.0, True)})
+    report("b", {"x": (None, False), "y": (25.0, True)})
+    assert registry.starving() == {}
+    # On b, a third job of other bytes: y may wait behind it too.
+    report("b", {"x": (None, False), "y": (25.0, False), "z": (None, False)})
+    assert registry.starving() == {"y": 25.0}
+    # Every host still has to see it behind (lag_s) for a promotion.
+    report("a", {"x": (None, False), "y": (None, False)})
+    assert registry.starving() == {}
+
+
 def test_a_starving_jobs_lag_crosses_the_wire() -> None:
     report = HostReport(
         "s", 1, (ReportedJob("j", frozenset({80}), 1, 1, period_s=0.3, lag_s=42.5),), (),
         Mode.PLAN, "",
     )  # fmt: skip
     back = convert.report(convert.report_message(report).SerializeToString())
-    assert back.jobs[0].lag_s == 42.5
+    assert back.jobs[0].lag_s == 42.5 and not back.jobs[0].waits_for_siblings
+    waiting = HostReport(
+        "s", 1, (ReportedJob("j", frozenset({80}), 1, 1, lag_s=42.5, waits_for_siblings=True),),
+        (), Mode.PLAN, "",
+    )  # fmt: skip
+    assert convert.report(convert.report_message(waiting).SerializeToString()) == waiting
     quiet = convert.report(
         convert.report_message(
             HostReport("s", 1, (ReportedJob("j", frozenset({80}), 1, 1),), (), Mode.PLAN, "")

@@ -348,8 +348,20 @@ def test_guard_lets_a_job_wait_for_a_sibling_it_ends_in_time_behind() -> None:
     assert _sibling_run(0.25, b_joins_s=11) == (22, frozenset())
     # A third job of other bytes here: b may wait for it too, its length unknown.
     assert _sibling_run(0.25, other=load(0.6, 0.2, 40))[0] is not None
-    # Under a controller a job's speed is set by every host it runs on: the lag rule.
-    assert _sibling_run(0.25, alone=False) == (11, frozenset())
+    # Under a controller a job's speed is set by every host it runs on: reported starving
+    # by the lag rule, and waiting in time here, judged afresh at every update (the
+    # controller keeps it waiting where all its hosts say so: Registry.starving).
+    assert _sibling_run(0.25, alone=False) == (11, frozenset({"b"}))
+    guard = StarvationGuard(max_slowdown=2.0, window_s=20.0)
+    for t in range(0, 40):
+        loads = {"a": load(0.3, 0.2, 2 * t), "b": load(0.3, 0.2, t // 2)}
+        guard.update(float(t), loads, {"a", "b"}, dict.fromkeys(loads, 0.0), alone=False)
+        assert guard.waits_for_siblings == ({"b"} if t >= 11 else set())
+        assert set(guard.promoted) == ({"b"} if t >= 11 else set())
+    # A job of other bytes arriving hands it back to the lag rule alone.
+    loads["c"] = load(0.6, 0.2, 1)
+    guard.update(40.0, loads, {"a", "b", "c"}, dict.fromkeys(loads, 0.0), alone=False)
+    assert not guard.waits_for_siblings and "b" in guard.promoted
     # pack shows it (status --json: pack.waits_for_siblings).
     policy = _pack(starvation_window_s=20.0)
     for t in range(0, 12):
