@@ -87,20 +87,26 @@ def test_the_agent_rotates_the_light_between_pods_behind_vxlan(
         # the waiting band's round trip (1.3 s, once in ~100 moves; in CI once in ~20 runs);
         # drained in 0.1 s, it carries 0.3 s. See docs/design.md, pods.
         slots = dominant_slots(result["flows"])[2:-1]
-        steady = [s for i, s in enumerate(slots) if 0 < i < len(slots) - 1
-                  and slots[i - 1][0] == s[0] == slots[i + 1][0]]  # fmt: skip
-        # Every slot in full on a failure (a list is cut short in pytest's report): one slot
-        # under the floor was seen once in CI, cause unknown (docs/testing.md).
+        held = [i for i in range(1, len(slots) - 1)
+                if slots[i - 1][0] == slots[i][0] == slots[i + 1][0]]  # fmt: skip
+        steady = [slots[i] for i in held]
+        # Every slot in full on a failure (a list is cut short in pytest's report).
         link = LINK_BYTES_PER_S * interval
         shown = "\n".join(
             f"{top} {share:.0%} of the slot, {total / link:.3f} of the link"
             for top, share, total in slots
         )
         assert len(steady) >= 8, shown
+        failure = f"{shown}\nagent log:\n{agent.log_text()[-3000:]}"
         for _top, share, total in steady:
-            assert share >= 0.85 and total >= 0.85 * link, (
-                f"{shown}\nagent log:\n{agent.log_text()[-3000:]}"
-            )
+            assert share >= 0.85 and total >= 0.7 * link, failure
+        # The green pod's flow sitting out an RTO (200 ms at the least) costs a slot at
+        # least 0.4 of its time, or two slots 0.2 of theirs, through vxlan's ~0.92 of the
+        # link: under these floors. A shorter stall of the whole link, both pods' flows at
+        # once (45 ms, once in CI), is no RTO, and under the 0.85 a slot had to carry it
+        # failed the test (docs/testing.md).
+        pairs = [(slots[i][2] + slots[i + 1][2]) / 2 for i in held if i + 1 in held]
+        assert pairs and min(pairs) >= 0.8 * link, failure
         assert {top for top, _, _ in steady} == set(targets), shown
         turns = [len(list(run)) for _, run in itertools.groupby(top for top, _, _ in slots)]
         assert len(turns) >= 5 and all(3 <= n <= 5 for n in turns[1:-1]), (turns, slots)
