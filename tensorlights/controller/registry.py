@@ -266,7 +266,8 @@ class Registry:
         """Bring the per-job views up to date with what the stale jobs' hosts report."""
         for job in self._stale:
             on = self._by_job.get(job)
-            for view in (self._reported_on, self._demand, self._lag):
+            promoted = self._lag.pop(job, None) is not None
+            for view in (self._reported_on, self._demand):
                 view.pop(job, None)
             self._periodic.discard(job)
             if on is None:
@@ -277,8 +278,11 @@ class Registry:
             if demands:
                 self._demand[job] = statistics.fmean(demands) * len(on)
             lags = [state.lag_s for state in reports]
-            if all(lag is not None for lag in lags) and not all(
-                state.waits_for_siblings for state in reports
+            # A promoted job keeps its turn while it starves: green, it gains fast, and its
+            # hosts then find it waits in time for its siblings; demoted on that word, it
+            # would wait, gain less, and be promoted again.
+            if all(lag is not None for lag in lags) and (
+                promoted or not all(state.waits_for_siblings for state in reports)
             ):
                 self._lag[job] = min(lag for lag in lags if lag is not None)
             if any(state.period_s is not None for state in reports):
@@ -377,7 +381,9 @@ class Registry:
         alone keeps it waiting: promoted midway, the second of two equal sharded jobs that
         outlive the window ended late, and both with it (the simulator's m1 at --scale 3:
         112.68 s against TL-One's 103.39). One host's word is not enough: there it may have
-        only siblings, and elsewhere wait behind other jobs too (m3's j3)."""
+        only siblings, and elsewhere wait behind other jobs too (m3's j3). A job promoted
+        keeps its turn until a host no longer reports it starving, whatever they say of its
+        siblings since."""
         self._refresh()
         return dict(self._lag)
 

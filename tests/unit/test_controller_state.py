@@ -544,7 +544,8 @@ def test_the_controller_keeps_a_job_waiting_for_its_siblings_where_all_its_hosts
     """A job past its lag's limit whose only company on a host is its siblings, which it
     ends in time behind, is reported starving and waiting for them (waits_for_siblings):
     kept waiting where every host reporting it says so; promoted where one host says it
-    starves without that excuse (there it waits behind other jobs too)."""
+    starves without that excuse (there it waits behind other jobs too), and then kept
+    promoted while every host reports it starving."""
     registry = Registry()
     sessions = {h: registry.register(reg(h), now=0).session for h in ("a", "b")}
     seqs = dict.fromkeys(sessions, 0)
@@ -564,8 +565,15 @@ def test_the_controller_keeps_a_job_waiting_for_its_siblings_where_all_its_hosts
     # On b, a third job of other bytes: y may wait behind it too.
     report("b", {"x": (None, False), "y": (25.0, False), "z": (None, False)})
     assert registry.starving() == {"y": 25.0}
-    # Every host still has to see it behind (lag_s) for a promotion.
+    # Promoted, it keeps its turn while it starves, though its hosts now find it waits in
+    # time (green, it gains fast): demoted on that word, the light would swing back.
+    report("b", {"x": (None, False), "y": (20.0, True), "z": (None, False)})
+    assert registry.starving() == {"y": 20.0}
+    # Every host has to see it behind (lag_s) for a promotion: once one does not, it is
+    # over, and the excuse counts again.
     report("a", {"x": (None, False), "y": (None, False)})
+    assert registry.starving() == {}
+    report("a", {"x": (None, False), "y": (30.0, True)})
     assert registry.starving() == {}
 
 
