@@ -15,7 +15,7 @@ from dataclasses import dataclass
 from enum import StrEnum
 
 from tensorlights.model import PlanSlots
-from tensorlights.policy.packing import pack_order
+from tensorlights.policy.packing import free_first, pack_order
 from tensorlights.policy.schedule import HostSchedule, Schedule, build_schedule, host_orders
 
 EPOCH = 0.0
@@ -53,9 +53,13 @@ def _fewest_hosts_first(
     single-host job beside it takes one; put first by arrival, it held both single-host jobs
     back until it ended (m2). Once a job iterates in its place, it keeps it until its
     demand is trusted. A restarted controller places every job anew: by arrival (the order
-    its agents' reports came in) it put the sharded job back ahead of the two."""
+    its agents' reports came in) it put the sharded job back ahead of the two. Then, as
+    among measured jobs of equal demand, those that share no host with one put before them
+    first (free_first): a run's start would otherwise give the light to a job held back
+    elsewhere and move it once the jobs are measured (m3)."""
     fresh = [job for job in order if job not in seen]
-    ranked = iter(sorted(fresh, key=lambda job: len(membership[job])))
+    fewest = sorted(fresh, key=lambda job: len(membership[job]))
+    ranked = iter(free_first(fewest, membership, set()))
     return [next(ranked) if job not in seen else job for job in order]
 
 
@@ -126,7 +130,7 @@ class Planner:
             known += [job for job in fresh if job not in demands]
             known = _fewest_hosts_first(known, membership, demands.keys() | placed)
             promoted = {job: lag for job, lag in (starving or {}).items() if job in membership}
-            ranking = tuple(pack_order(known, demands, promoted, end_times, holding))
+            ranking = tuple(pack_order(known, demands, promoted, end_times, holding, membership))
         if membership == self._membership and hosts == self._hosts and ranking == self._ranking:
             return set()
         # Only the hosts a job came to or left, and those of jobs whose place in the ranking

@@ -431,6 +431,37 @@ def test_a_restarted_controller_learning_hosts_one_report_at_a_time_keeps_them_a
     assert planner.plan_for("a").slots == (("y", "x"),)
 
 
+def test_the_controller_gives_the_light_to_jobs_no_job_ahead_holds_back() -> None:
+    """m3's shape: j1, j2, j3 sharded over two of three hosts each, j4 alone on ps. Put
+    first by arrival, j1 (behind the smaller j4 on ps) took ps2's light from j2; j2 and j4
+    share no host, and go first everywhere they run, from the start and once measured."""
+    registry = Registry()
+    where = {"ps": ("j1", "j3", "j4"), "ps2": ("j1", "j2"), "ps3": ("j2", "j3")}
+    sessions = {h: registry.register(reg(h), now=0).session for h in where}
+    planner = Planner(slot_s=2.0, lease_s=10.0, incarnation=1, policy="pack")
+
+    def report(seq: int, demand: dict[str, float] | None = None) -> dict[str, tuple[str, ...]]:
+        for host, jobs in where.items():
+            reported = tuple(
+                ReportedJob(j, frozenset({1000 + i}), 1, 1, period_s=0.3,
+                            demand=None if demand is None else demand[j])
+                for i, j in enumerate(jobs)
+            )  # fmt: skip
+            registry.report(HostReport(sessions[host], seq, reported, (), "plan", ""), now=1)
+        planner.update(
+            registry.membership(), set(registry.hosts), registry.demands(),
+            ["j1", "j2", "j3", "j4"], None, registry.iterative(),
+        )  # fmt: skip
+        return {host: planner.plan_for(host).slots[0] for host in where}
+
+    expected = {"ps": ("j4", "j1", "j3"), "ps2": ("j2", "j1"), "ps3": ("j2", "j3")}
+    assert report(1) == expected
+    # Measured: j4 half the others' links (summed over their two hosts); j1-j3 equal.
+    generation = planner.generation
+    assert report(2, {"j1": 0.7, "j2": 0.68, "j3": 0.72, "j4": 0.7}) == expected
+    assert planner.generation == generation, "no light moved once measured"
+
+
 def test_a_young_job_keeps_its_place_while_another_host_reports_first() -> None:
     """Reports come one host at a time. a says x and y iterate before b says z does: z,
     first on b, stays there (it went behind x on b's report, then held that place once
