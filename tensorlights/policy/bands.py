@@ -19,7 +19,8 @@ spills into the unmanaged band. (The prototype's integer division overflowed int
 default class with many models.)
 
 Under `pack` (on its own, or following a controller's fixed order), the last two jobs on a
-host share band 0 when the starvation guard would promote both (share_tail).
+host share band 0 when the starvation guard would promote both, but for collective jobs
+(share_tail).
 
 Jobs arriving or finishing are handled at every evaluation: a new job joins the order at its
 end (under `pack`, jobs spanning hosts that appear within ARRIVAL_TIE_S of each other are
@@ -97,18 +98,31 @@ def fold_bands(jobs_in_order: int, bands: int) -> list[int]:
     return folded
 
 
-def share_tail(plan: BandPlan, overdue: frozenset[str]) -> BandPlan:
+def share_tail(
+    plan: BandPlan, overdue: frozenset[str], spanning: frozenset[str] = frozenset()
+) -> BandPlan:
     """`plan` with its two jobs both in band 0 when they are the last two here and both are
     `overdue` (StarvationGuard.overdue: neither keeps its bound by waiting for the other).
     The band's one queue then shares the link among their flows. Held in turn, the first
     runs alone at its own demand (m3: 73% of `ps`) while the second waits all of it: the
     controller's pack ended m3 at 2.27x, the prototype's rotation at 2.17x. Sharing keeps the
     link full to the end; simulated (`sim scenarios`), m3 under the controller 40.32 s
-    (2.21) -> 39.19 s (2.15), at --scale 3 119.79 s (2.24) -> 117.56 s (2.14); every other
-    scenario as good or better on its largest slowdown, c1 and c2 at most 3% on the average
-    for it (docs/benchmarks.md). Two only: sharing the top two of more gave c2 at --scale 3
-    a largest slowdown of 2.59 against 2.50. `green` stays the first of them."""
-    if len(plan.order) != 2 or not overdue.issuperset(plan.order):
+    (2.21) -> 40.22 s (2.15), at --scale 3 119.79 s (2.24) -> 120.61 s (2.11), TL-RR-original
+    2.14 and 2.11; r2 at --scale 3 48.05 s (2.03) -> 47.92 s (1.94); the others within 1%
+    (docs/benchmarks.md). The last two only: while a third job waits it fills the gaps of
+    the first, the link is full already, and sharing would only move time between them.
+    `green` stays the first of them.
+
+    Not for `spanning` jobs (collective: a ring on every host): each host judges from its
+    own guard, and a ring shared on some of its hosts and alone on others runs at its
+    slowest link while the other waits there. On the testbed (c2, three DDP rings on four
+    hosts, under the controller) the tail was shared on two hosts of four in one run of
+    three, and the rings ended at 2.92x against TL-One's 2.80x (29.69 against 27.97 s)."""
+    if (
+        len(plan.order) != 2
+        or not overdue.issuperset(plan.order)
+        or not spanning.isdisjoint(plan.order)
+    ):
         return plan
     return replace(plan, bands=dict.fromkeys(plan.order, GREEN_BAND))
 
@@ -269,7 +283,7 @@ class BandPolicy:
             next_change_at=None,
             rotated=self._green != previous_green,
         )
-        return share_tail(plan, self.overdue)
+        return share_tail(plan, self.overdue, spanning)
 
     def watch(
         self,

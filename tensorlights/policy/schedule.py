@@ -15,7 +15,7 @@ The agent side: `HostSchedule` is a received plan with its times on the agent's 
 clock; `PlanFollower` follows it while its lease runs and falls back to the local policy when
 it has lapsed, handing the reconciler the same `BandPlan` either way. Following pack's plan
 (one fixed order), its last two jobs here share band 0 when its guard finds both overdue
-(bands.share_tail), as on an agent deciding alone.
+and neither is collective (bands.share_tail), as on an agent deciding alone.
 """
 
 from __future__ import annotations
@@ -247,7 +247,7 @@ class PlanFollower:
             if len(self.plan.slots) <= 1:
                 # A fixed order (pack's plan; rotate's cycles through several slots): its
                 # last two jobs here share the top band as on an agent (bands.share_tail).
-                result = share_tail(result, self.local.overdue)
+                result = share_tail(result, self.local.overdue, spanning)
             lease_end = self.plan.lease_until
             if result.next_change_at is None or lease_end < result.next_change_at:
                 result = replace(result, next_change_at=lease_end)

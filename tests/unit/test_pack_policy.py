@@ -546,6 +546,8 @@ def test_share_tail_needs_the_last_two_jobs_and_both_overdue() -> None:
     two = BandPlan({"a": 0, "b": 1}, ("a", "b"), "a", 0.0, None, False)
     assert share_tail(two, frozenset({"a", "b"})).bands == {"a": 0, "b": 0}
     assert share_tail(two, frozenset({"b"})) == two  # a keeps its bound: it stays alone
+    # A ring's hosts each judge alone: shared on some and not others, both rings lose.
+    assert share_tail(two, frozenset({"a", "b"}), spanning=frozenset({"b"})) == two
     three = BandPlan({"a": 0, "b": 1, "c": 2}, ("a", "b", "c"), "a", 0.0, None, False)
     assert share_tail(three, frozenset({"a", "b", "c"})) == three
     one = BandPlan({"a": 0}, ("a",), "a", 0.0, None, False)
