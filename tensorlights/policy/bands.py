@@ -18,10 +18,6 @@ evenly over bands 1 .. K-1, so with more jobs than bands neighbours share a band
 spills into the unmanaged band. (The prototype's integer division overflowed into the
 default class with many models.)
 
-Under `pack` (on its own, or following a controller's fixed order), the last two jobs on a
-host share band 0 when the starvation guard would promote both, but for collective jobs
-(share_tail).
-
 Jobs arriving or finishing are handled at every evaluation: a new job joins the order at its
 end (under `pack`, jobs spanning hosts that appear within ARRIVAL_TIE_S of each other are
 ordered by name); a finished job leaves it; the green light stays where it is until its slot
@@ -31,7 +27,7 @@ ends, unless its job finished, in which case the next job in the order takes it 
 from __future__ import annotations
 
 from collections.abc import Mapping
-from dataclasses import dataclass, field, replace
+from dataclasses import dataclass, field
 from enum import StrEnum
 
 from tensorlights.errors import ConfigError
@@ -96,35 +92,6 @@ def fold_bands(jobs_in_order: int, bands: int) -> list[int]:
     for rank in range(others):
         folded.append(1 + rank * (bands - 1) // others if others > bands - 1 else 1 + rank)
     return folded
-
-
-def share_tail(
-    plan: BandPlan, overdue: frozenset[str], spanning: frozenset[str] = frozenset()
-) -> BandPlan:
-    """`plan` with its two jobs both in band 0 when they are the last two here and both are
-    `overdue` (StarvationGuard.overdue: neither keeps its bound by waiting for the other).
-    The band's one queue then shares the link among their flows. Held in turn, the first
-    runs alone at its own demand (m3: 73% of `ps`) while the second waits all of it: the
-    controller's pack ended m3 at 2.27x, the prototype's rotation at 2.17x. Sharing keeps the
-    link full to the end; simulated (`sim scenarios`), m3 under the controller 40.32 s
-    (2.21) -> 40.22 s (2.15), at --scale 3 119.79 s (2.24) -> 120.61 s (2.11), TL-RR-original
-    2.14 and 2.11; r2 at --scale 3 48.05 s (2.03) -> 47.92 s (1.94); the others within 1%
-    (docs/benchmarks.md). The last two only: while a third job waits it fills the gaps of
-    the first, the link is full already, and sharing would only move time between them.
-    `green` stays the first of them.
-
-    Not for `spanning` jobs (collective: a ring on every host): each host judges from its
-    own guard, and a ring shared on some of its hosts and alone on others runs at its
-    slowest link while the other waits there. On the testbed (c2, three DDP rings on four
-    hosts, under the controller) the tail was shared on two hosts of four in one run of
-    three, and the rings ended at 2.92x against TL-One's 2.80x (29.69 against 27.97 s)."""
-    if (
-        len(plan.order) != 2
-        or not overdue.issuperset(plan.order)
-        or not spanning.isdisjoint(plan.order)
-    ):
-        return plan
-    return replace(plan, bands=dict.fromkeys(plan.order, GREEN_BAND))
 
 
 @dataclass(frozen=True)
@@ -275,7 +242,7 @@ class BandPolicy:
             self._reorder_wanted_since = None
         self._packed = current
         self._set_green(current[0], now)
-        plan = BandPlan(
+        return BandPlan(
             bands=dict(zip(current, fold_bands(len(current), self.ps_bands), strict=True)),
             order=tuple(current),
             green=self._green,
@@ -283,7 +250,6 @@ class BandPolicy:
             next_change_at=None,
             rotated=self._green != previous_green,
         )
-        return share_tail(plan, self.overdue, spanning)
 
     def watch(
         self,
@@ -318,11 +284,6 @@ class BandPolicy:
     def waits_for_siblings(self) -> frozenset[str]:
         """Jobs past their lag's limit that wait in time for their siblings here."""
         return self._guard.waits_for_siblings
-
-    @property
-    def overdue(self) -> frozenset[str]:
-        """Jobs the starvation guard would promote, fitting together or not."""
-        return self._guard.overdue
 
     @property
     def promoted(self) -> dict[str, float]:

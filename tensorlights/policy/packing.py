@@ -352,10 +352,6 @@ class StarvationGuard:
     """Jobs past their lag's limit that wait in time for their siblings, all the jobs here,
     as of the last update (waits_in_time): kept waiting where this host orders its jobs
     alone, told to the controller otherwise (`alone` in update)."""
-    overdue: frozenset[str] = frozenset()
-    """Jobs the guard would promote as of the last update (past their lag's limit, or a
-    promoted one not yet released, or due by their deadline), whether or not they fit on the
-    link together: `promoted` holds only those that do. What bands.share_tail reads."""
     _green_unmeasured_s: dict[str, float] = field(default_factory=dict)
     """Per job that began to push, how long it has been green without a load."""
     _updated_at: float | None = None
@@ -519,7 +515,6 @@ class StarvationGuard:
                 if not alone or job not in waiting:
                     candidates[job] = lag
         self.waits_for_siblings = frozenset(waiting)
-        self.overdue = frozenset(candidates)
         # Those promoted keep their turn (class doc); the others follow, the most behind
         # first. Only as many as fit on the link together are promoted: more would just
         # share the link and all stay behind. A job never measured counts as a whole link.

@@ -13,9 +13,7 @@ then the host's other jobs by how soon they are green next (who is next gets ban
 
 The agent side: `HostSchedule` is a received plan with its times on the agent's monotonic
 clock; `PlanFollower` follows it while its lease runs and falls back to the local policy when
-it has lapsed, handing the reconciler the same `BandPlan` either way. Following pack's plan
-(one fixed order), its last two jobs here share band 0 when its guard finds both overdue
-and neither is collective (bands.share_tail), as on an agent deciding alone.
+it has lapsed, handing the reconciler the same `BandPlan` either way.
 """
 
 from __future__ import annotations
@@ -25,7 +23,7 @@ from collections.abc import Iterable, Mapping
 from dataclasses import dataclass, field, replace
 
 from tensorlights.model import PlanSlots
-from tensorlights.policy.bands import BandPlan, BandPolicy, fold_bands, share_tail
+from tensorlights.policy.bands import BandPlan, BandPolicy, fold_bands
 from tensorlights.policy.packing import JobLoad, ordering_demands
 
 
@@ -244,10 +242,6 @@ class PlanFollower:
             self.local.on_top.update(self._green, loads or {})
             self.local.watch(now, jobs, loads or {}, started, declared, self._green)
             result = self.plan.evaluate(now, jobs, self.local.ps_bands, self._green)
-            if len(self.plan.slots) <= 1:
-                # A fixed order (pack's plan; rotate's cycles through several slots): its
-                # last two jobs here share the top band as on an agent (bands.share_tail).
-                result = share_tail(result, self.local.overdue, spanning)
             lease_end = self.plan.lease_until
             if result.next_change_at is None or lease_end < result.next_change_at:
                 result = replace(result, next_change_at=lease_end)

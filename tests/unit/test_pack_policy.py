@@ -10,7 +10,7 @@ from hypothesis import given, settings
 from hypothesis import strategies as st
 
 from tensorlights.errors import ConfigError
-from tensorlights.policy.bands import MAX_DEFER_S, BandPlan, BandPolicy, PolicyName, share_tail
+from tensorlights.policy.bands import MAX_DEFER_S, BandPolicy, PolicyName
 from tensorlights.policy.packing import (
     HORIZON_WINDOWS,
     MEASURE_GRACE_S,
@@ -522,36 +522,6 @@ def test_pack_promotes_a_starving_job_to_green() -> None:
     for t in range(0, 12):
         plan = policy.evaluate(float(t), jobs, {"a": load(0.2, 0.3, 2 * t), "b": load(0.2, 0.3, 0)})
     assert plan.green == "b" and "b" in policy.promoted
-
-
-def test_the_last_two_jobs_both_overdue_share_the_green_band() -> None:
-    """c runs at full speed; a and b (demand 0.8 each: they do not fit together) barely
-    iterate behind it and both pass their limit; one is promoted. Three jobs: one band
-    each. Once c has ended, a and b are the last two and both overdue: neither keeps its
-    bound waiting for the other, and both take band 0 (bands.share_tail)."""
-    policy = _pack(starvation_window_s=20.0)
-    everyone = {"a", "b", "c"}
-    for t in range(0, 16):
-        loads = {"c": load(0.4, 0.1, 2 * t), "a": load(0.4, 0.1, t // 10),
-                 "b": load(0.4, 0.1, t // 10)}  # fmt: skip
-        plan = policy.evaluate(float(t), everyone, loads)
-    assert policy.overdue == {"a", "b"} and len(policy.promoted) == 1
-    assert sorted(plan.bands.values()) == [0, 1, 2]
-    loads.pop("c")
-    plan = policy.evaluate(16.0, {"a", "b"}, loads)
-    assert plan.bands == {"a": 0, "b": 0} and plan.green == plan.order[0]
-
-
-def test_share_tail_needs_the_last_two_jobs_and_both_overdue() -> None:
-    two = BandPlan({"a": 0, "b": 1}, ("a", "b"), "a", 0.0, None, False)
-    assert share_tail(two, frozenset({"a", "b"})).bands == {"a": 0, "b": 0}
-    assert share_tail(two, frozenset({"b"})) == two  # a keeps its bound: it stays alone
-    # A ring's hosts each judge alone: shared on some and not others, both rings lose.
-    assert share_tail(two, frozenset({"a", "b"}), spanning=frozenset({"b"})) == two
-    three = BandPlan({"a": 0, "b": 1, "c": 2}, ("a", "b", "c"), "a", 0.0, None, False)
-    assert share_tail(three, frozenset({"a", "b", "c"})) == three
-    one = BandPlan({"a": 0}, ("a",), "a", 0.0, None, False)
-    assert share_tail(one, frozenset({"a"})) == one
 
 
 def test_pack_settings_are_validated() -> None:

@@ -196,19 +196,3 @@ def test_a_follower_reports_the_jobs_its_starvation_guard_would_promote() -> Non
         }
         follower.evaluate(float(second), {"a", "b"}, loads)
     assert follower.starving() == {}
-
-
-def test_a_follower_shares_the_green_band_between_its_last_two_overdue_jobs() -> None:
-    """Under pack's plan (one fixed order) the last two jobs here, both behind their bound,
-    share band 0 as they would on an agent ordering its jobs (bands.share_tail); under
-    rotate's (slots that take turns) the plan's bands stand."""
-    for slots, shared in (((("a", "b"),), True), ((("a", "b"), ("b", "a")), False)):
-        follower = PlanFollower(
-            BandPolicy(PolicyName.PACK, max_slowdown=2.0, starvation_window_s=20)
-        )
-        follower.offer(HostSchedule(1, 1, 0.0, 1000.0, slots, lease_until=1000.0))
-        for second in range(0, 21):  # both at a tenth of their standalone pace
-            loads = {job: JobLoad(0.4, 0.1, second // 5, busy=False) for job in ("a", "b")}
-            result = follower.evaluate(float(second), {"a", "b"}, loads)
-        assert follower.local.overdue == {"a", "b"}
-        assert (result.bands == {"a": 0, "b": 0}) is shared
