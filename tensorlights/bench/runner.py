@@ -52,7 +52,7 @@ from tensorlights.testbed.daemons import controller_command, controller_section
 from tensorlights.testbed.netns import Host
 from tensorlights.testbed.psjob import RunningJob
 from tensorlights.testbed.socket_holder import clean_env
-from tensorlights.testbed.workloads import JobShape, Workload, start_workload
+from tensorlights.testbed.workloads import JobShape, Workload, start_up_factor, start_workload
 
 log = logging.getLogger(__name__)
 
@@ -648,12 +648,17 @@ def run_trial(
     running: dict[int, RunningJob] = {}
     pending = sorted(range(len(jobs)), key=lambda i: jobs[i].start_s)
     workloads = [Workload(spec.workload) for spec in jobs]
+    # Real frameworks take seconds to import and meet: they are launched that long before
+    # their arrival and hold their first iteration until it (start_at).
+    processes = sum(
+        spec.workers + spec.shards for spec, kind in zip(jobs, workloads, strict=True)
+        if kind.start_up_s > 0
+    )  # fmt: skip
+    start_ups = [workload.start_up_s * start_up_factor(processes) for workload in workloads]
     try:
         driver.start()
         tx_before = _tx_bytes(measured)
-        # Real frameworks take seconds to import and meet: they are launched that long
-        # before their arrival and hold their first iteration until it (start_at).
-        lead = max(workload.start_up_s for workload in workloads)
+        lead = max(start_ups)
         started = time.monotonic() + lead
         if isinstance(driver, Faulted):
             driver.started = started  # the fault comes that long after the jobs' start
@@ -665,13 +670,11 @@ def run_trial(
                 raise RuntimeError(
                     f"{scenario}/{policy.value}: jobs still running after the timeout"
                 )
-            while pending and now - started >= jobs[pending[0]].start_s - (
-                workloads[pending[0]].start_up_s
-            ):
+            while pending and now - started >= jobs[pending[0]].start_s - start_ups[pending[0]]:
                 index = pending.pop(0)
                 spec = jobs[index]
                 tag = f"{scenario}-{spec.name}-{policy.value}-{rep}-{cluster.run_id}"
-                early = workloads[index].start_up_s > 0
+                early = start_ups[index] > 0
                 shape = JobShape(
                     spec.workers, spec.model_bytes, spec.iterations, spec.compute_s,
                     options.device, declares=policy is Policy.PACK_ITERATIONS,

@@ -147,7 +147,8 @@ class JobSpec:
     """synthetic, torch-gloo, torch-rpc, torch-ddp, horovod-ddp or tf-ps (Workload)."""
     ps_hosts: tuple[str, ...] = (PS_HOST,)
     """The hosts of its PS tasks (PS_HOSTS): with several, the model is sharded evenly over
-    them, and each worker waits for every shard (synthetic and TensorFlow jobs)."""
+    them, and each worker waits for every shard (synthetic, PyTorch gloo and TensorFlow
+    jobs)."""
 
     @property
     def shards(self) -> int:
@@ -210,8 +211,10 @@ class Scenario:
         for job in self.jobs:
             if set(job.ps_hosts) - set(PS_HOSTS) or len(set(job.ps_hosts)) != job.shards:
                 raise ConfigError(f"scenario {self.key}: {job.name}'s PS hosts are of {PS_HOSTS}")
-            if job.shards > 1 and job.workload not in ("synthetic", "tf-ps"):
-                raise ConfigError(f"scenario {self.key}: only synthetic and TF jobs are sharded")
+            if job.shards > 1 and job.workload not in ("synthetic", "torch-gloo", "tf-ps"):
+                raise ConfigError(
+                    f"scenario {self.key}: only synthetic, gloo PS and TF jobs are sharded"
+                )
 
     def scaled(self, factor: float) -> Scenario:
         """The same scenario with `factor` times the iterations (and arrival offsets)."""
@@ -234,6 +237,15 @@ SHARDED = (PS_HOST, "ps2")
 M_ITERATIONS = 80
 """A multi-host job alone: about 26 s; sharing hosts: 35-50 s, two rotations of the
 prototype's 20 s loop or more (with 25 iterations it never rotated before the jobs ended)."""
+
+
+SCENARIOS_M3 = (
+    JobSpec("j1", 8 * MB, 2, 0.1, M_ITERATIONS, ps_hosts=SHARDED),
+    JobSpec("j2", 8 * MB, 2, 0.1, M_ITERATIONS, ps_hosts=("ps2", "ps3")),
+    JobSpec("j3", 8 * MB, 2, 0.1, M_ITERATIONS, ps_hosts=("ps3", PS_HOST)),
+    JobSpec("j4", 4 * MB, 2, 0.1, M_ITERATIONS, ps_hosts=(PS_HOST,)),
+)
+"""m3's jobs (synthetic) and where their PS tasks run; m5 runs them as PyTorch jobs."""
 
 
 def _jobs(
@@ -357,12 +369,7 @@ SCENARIOS: dict[str, Scenario] = {
             "Three 8 MB jobs sharded over two PS hosts each (ps+ps2, ps2+ps3, ps3+ps) and a "
             "4 MB job on ps alone, 2 workers each, 100 ms compute: no host carries the same "
             "jobs as another.",
-            (
-                JobSpec("j1", 8 * MB, 2, 0.1, M_ITERATIONS, ps_hosts=SHARDED),
-                JobSpec("j2", 8 * MB, 2, 0.1, M_ITERATIONS, ps_hosts=("ps2", "ps3")),
-                JobSpec("j3", 8 * MB, 2, 0.1, M_ITERATIONS, ps_hosts=("ps3", PS_HOST)),
-                JobSpec("j4", 4 * MB, 2, 0.1, M_ITERATIONS, ps_hosts=(PS_HOST,)),
-            ),
+            SCENARIOS_M3,
         ),
         Scenario(
             "m4",
@@ -374,6 +381,14 @@ SCENARIOS: dict[str, Scenario] = {
                 replace(job, ps_hosts=SHARDED)
                 for job in _jobs(2, 8, 2, 0.15, M_ITERATIONS, "tf-ps")
             ),
+        ),
+        Scenario(
+            "m5",
+            "PyTorch, m3's 4 jobs over 3 PS hosts",
+            "m3's jobs and placement as real PyTorch gloo PS jobs with torchrun's variables: "
+            "three 8 MB models each sharded over PS ranks on two hosts (launched with --role "
+            "ps), a 4 MB one on ps alone, 2 workers each, 100 ms compute.",
+            tuple(replace(job, workload="torch-gloo") for job in SCENARIOS_M3),
         ),
         # Collective jobs: PyTorch DDP (gloo ring all-reduce), a rank on every shaped host.
         Scenario(

@@ -20,7 +20,10 @@ prints "listening PORT" once the group is up and the summary, as the PS does.
 
 Rank 0 is the PS: it holds a real model (an MLP, --hidden sets its size), and every
 iteration sends all its parameters to every worker at once, receives every worker's gradient
-(the barrier), averages them and takes an SGD step. Workers note when they had the
+(the barrier), averages them and takes an SGD step. With --shards K (gloo) the model is
+sharded over K PS ranks, 0..K-1 (as a launcher places them: one per PS host, each launched
+with torchrun's --role ps, ROLE_NAME), each holding an equal slice of the flat parameters;
+the workers are ranks K..K+n-1 and take every slice each iteration. Workers note when they had the
 parameters (CLOCK_MONOTONIC), run forward and backward on a random batch (--batch), and send
 their gradient back. Two transports:
   gloo  torch.distributed isend/recv of the flat parameter vector (gloo's pairs, ephemeral
@@ -137,6 +140,7 @@ def _summary(args: argparse.Namespace, listening_at: float, finished_at: float |
     return json.dumps(
         {
             "iterations": args.iterations,
+            "seconds": (finished_at or time.monotonic()) - listening_at,
             "listening_at": listening_at,
             "finished_at": finished_at,
             "model_bytes": model_bytes(args.hidden),
@@ -149,8 +153,18 @@ def _init_gloo(args: argparse.Namespace, rank: int) -> None:
     import torch.distributed as dist
 
     dist.init_process_group(
-        "gloo", init_method=f"tcp://{args.master}", rank=rank, world_size=args.workers + 1
+        "gloo", init_method=f"tcp://{args.master}", rank=rank, world_size=_world(args)
     )
+
+
+def _world(args: argparse.Namespace) -> int:
+    """Every rank: the PS shards (one PS: rank 0) and the workers."""
+    return int(args.shards) + int(args.workers)
+
+
+def _shard_range(args: argparse.Namespace, shard: int, total: int) -> tuple[int, int]:
+    """Which slice of the flat parameters (of `total` values) PS shard `shard` holds."""
+    return shard * total // args.shards, (shard + 1) * total // args.shards
 
 
 def _init_rpc(args: argparse.Namespace, rank: int) -> None:
@@ -172,11 +186,13 @@ def _init_rpc(args: argparse.Namespace, rank: int) -> None:
 def run_ps(args: argparse.Namespace) -> int:
     import torch
 
-    (_init_rpc if args.transport == "rpc" else _init_gloo)(args, 0)
+    (_init_rpc if args.transport == "rpc" else _init_gloo)(args, args.rank)
     print(f"listening {args.master.rpartition(':')[2]}", flush=True)
     listening_at = _wait_until(args.start_at)
     model = _model(args.hidden)
-    flat = torch.nn.utils.parameters_to_vector(model.parameters()).detach()
+    whole = torch.nn.utils.parameters_to_vector(model.parameters()).detach()
+    low, high = _shard_range(args, args.rank, whole.numel())
+    flat = whole[low:high].clone()  # this shard's slice (one PS: all of it)
     finished_at = None
     for _ in range(args.iterations):
         grads = _ps_round_rpc(args, flat) if args.transport == "rpc" else _ps_round_gloo(args, flat)
@@ -191,13 +207,14 @@ def _ps_round_gloo(args: argparse.Namespace, flat: Any) -> list[Any]:
     import torch
     import torch.distributed as dist
 
-    sends = [dist.isend(flat, dst=w + 1) for w in range(args.workers)]  # all at once
+    workers = range(args.shards, _world(args))
+    sends = [dist.isend(flat, dst=w) for w in workers]  # all at once
     for request in sends:
         if request is not None:  # None only for a rank outside the group
             request.wait()
-    grads = [torch.empty_like(flat) for _ in range(args.workers)]
-    for w in range(args.workers):
-        dist.recv(grads[w], src=w + 1)
+    grads = [torch.empty_like(flat) for _ in workers]
+    for grad, w in zip(grads, workers, strict=True):
+        dist.recv(grad, src=w)
     return grads
 
 
@@ -276,11 +293,27 @@ def run_worker(args: argparse.Namespace) -> int:
 
     _init_gloo(args, args.rank)
     flat = torch.nn.utils.parameters_to_vector(model.parameters()).detach().cpu().clone()
+    slices = [_shard_range(args, shard, flat.numel()) for shard in range(args.shards)]
+    shards: list[list[float]] = []  # sharded: when each shard's slice was in, per iteration
     for _ in range(args.iterations):
-        dist.recv(flat, src=0)
-        _received.append(time.monotonic())
-        dist.send(_gradient(model, flat, args.batch, args.hidden, args.compute), dst=0)
-    print(json.dumps({"received": _received, "passes": _passes}), flush=True)
+        # Every shard pushes at once: take them as they come (a view per slice).
+        recvs = [dist.irecv(flat[low:high], src=shard) for shard, (low, high) in enumerate(slices)]
+        arrived = []
+        for request in recvs:
+            if request is not None:  # None only for a rank outside the group
+                request.wait()
+            arrived.append(time.monotonic())
+        _received.append(arrived[-1])
+        shards.append(arrived)
+        grad = _gradient(model, flat, args.batch, args.hidden, args.compute)
+        sends = [dist.isend(grad[low:high], dst=shard) for shard, (low, high) in enumerate(slices)]
+        for request in sends:
+            if request is not None:
+                request.wait()
+    log: dict[str, Any] = {"received": _received, "passes": _passes}
+    if args.shards > 1:
+        log["shards"] = shards
+    print(json.dumps(log), flush=True)
     _shutdown(args)
     return 0
 
@@ -292,7 +325,7 @@ def _torchrun_defaults() -> dict[str, Any]:
     if env.get("MASTER_ADDR") and env.get("MASTER_PORT"):
         defaults["master"] = f"{env['MASTER_ADDR']}:{env['MASTER_PORT']}"
     if env.get("WORLD_SIZE", "").isdigit():
-        defaults["workers"] = int(env["WORLD_SIZE"]) - 1
+        defaults["world"] = int(env["WORLD_SIZE"])
     if env.get("RANK", "").isdigit():
         defaults["rank"] = int(env["RANK"])
     return defaults
@@ -305,17 +338,28 @@ def main(argv: list[str] | None = None) -> int:
     for role in ("ps", "worker", "ddp"):
         p = sub.add_parser(role)
         p.add_argument("--master", metavar="ADDR:PORT", help="the PS's address (MASTER_ADDR/PORT)")
-        p.add_argument("--workers", type=int, help="workers (WORLD_SIZE - 1)")
+        p.add_argument("--workers", type=int, help="workers (WORLD_SIZE less the PS shards)")
         p.add_argument("--hidden", type=int, default=512, help="MLP width (model size)")
         p.add_argument("--iterations", type=int, default=20)
         p.add_argument("--ifname", default="eth0", help="GLOO_SOCKET_IFNAME / TP_SOCKET_IFNAME")
         p.add_argument("--transport", choices=("gloo", "rpc"), default="gloo")
-        p.set_defaults(**defaults)
+        if role == "ddp":
+            p.set_defaults(shards=1)
+        else:
+            p.add_argument(
+                "--shards", type=int, default=1, metavar="K",
+                help="PS ranks the model is sharded over, 0..K-1 (gloo only)",
+            )  # fmt: skip
+        p.set_defaults(**{"world": None, **defaults})
     for role in ("ps", "ddp"):
         sub.choices[role].add_argument("--lr", type=float, default=0.01)
         sub.choices[role].add_argument(
             "--start-at", type=float, metavar="T", help="first iteration at CLOCK_MONOTONIC T"
         )
+    sub.choices["ps"].add_argument(
+        "--rank", type=int, default=defaults.get("rank", 0),
+        help="this PS shard's rank, 0..K-1 (RANK)",
+    )  # fmt: skip
     for role in ("worker", "ddp"):
         worker = sub.choices[role]
         worker.add_argument("--rank", type=int, help="this worker's rank (RANK)")
@@ -332,6 +376,12 @@ def main(argv: list[str] | None = None) -> int:
         )  # fmt: skip
         worker.set_defaults(**defaults)
     args = parser.parse_args(argv)
+    if args.workers is None and args.world is not None:
+        args.workers = args.world - args.shards  # ddp: the ranks other than 0
+    if args.shards < 1 or (args.shards > 1 and args.transport != "gloo"):
+        parser.error("--shards: 1 or more, and more than 1 only with --transport gloo")
+    if args.role == "ps" and not 0 <= args.rank < args.shards:
+        parser.error(f"--rank {args.rank}: a PS shard's rank is 0..{args.shards - 1}")
     missing = [
         flag for flag, value in (("--master", args.master), ("--workers", args.workers))
         if value is None

@@ -3,7 +3,9 @@
   synthetic   tensorlights.testbed.psjob: our own PS job, identified by TF_CONFIG;
   torch-gloo  tensorlights.testbed.torchjob over gloo send/recv, with torchrun's variables
               (RANK, WORLD_SIZE, MASTER_ADDR/PORT, TORCHELASTIC_RUN_ID): discovery needs
-              `torch_ps_ranks = [0]`;
+              `torch_ps_ranks = [0]`; sharded over several PS hosts, its PS ranks launched
+              as `torchrun --role ps` launches them (ROLE_NAME=ps, found with no
+              configuration) and its workers with --role trainer;
   torch-rpc   the same over torch.distributed.rpc (TensorPipe);
   torch-ddp   a collective job: torchjob's DistributedDataParallel ranks (gloo all-reduce),
               rank 0 where the others have their PS, with torchrun's variables: found with no
@@ -72,6 +74,20 @@ class Workload(StrEnum):
         }[self]  # fmt: skip
 
 
+START_UP_PROCESSES_PER_CORE = 4
+"""Up to this many framework processes per core start within Workload.start_up_s (r2's 9 on
+this 2-core machine met within 4-8 s); m5's 15 PyTorch processes (7 PS shards, 8 workers)
+met 21-22 s after their launch, 6-7 s past a 15 s lead."""
+
+
+def start_up_factor(processes: int, cores: int | None = None) -> float:
+    """How much longer than Workload.start_up_s `processes` framework processes launched
+    together take to start on `cores` (this machine's): importing a framework is CPU-bound,
+    so in proportion to the processes a core has to start."""
+    per_core = processes / (cores or os.cpu_count() or 1)
+    return max(1.0, per_core / START_UP_PROCESSES_PER_CORE)
+
+
 @dataclass(frozen=True)
 class JobShape:
     """What a job does, whichever framework runs it."""
@@ -95,12 +111,15 @@ def round_robin(worker_hosts: Sequence[Host], workers: int) -> list[Host]:
     return [worker_hosts[i % len(worker_hosts)] for i in range(workers)]
 
 
-def torchrun_env(run_id: str, rank: int, world_size: int, master: str) -> dict[str, str]:
-    """The variables torchrun (static rendezvous, one process per node) gives a rank."""
+def torchrun_env(
+    run_id: str, rank: int, world_size: int, master: str, role: str = "default"
+) -> dict[str, str]:
+    """The variables torchrun (static rendezvous, one process per node, `--role role`)
+    gives a rank."""
     addr, _, port = master.rpartition(":")
     return {
         "RANK": str(rank), "LOCAL_RANK": "0", "GROUP_RANK": str(rank),
-        "WORLD_SIZE": str(world_size), "LOCAL_WORLD_SIZE": "1", "ROLE_NAME": "default",
+        "WORLD_SIZE": str(world_size), "LOCAL_WORLD_SIZE": "1", "ROLE_NAME": role,
         "MASTER_ADDR": addr, "MASTER_PORT": port, "TORCHELASTIC_RUN_ID": run_id,
         # Quiet: gloo's ProcessGroup deprecation and c10d's hostname lookups, on every rank.
         "PYTHONWARNINGS": "ignore::UserWarning", "TORCH_CPP_LOG_LEVEL": "ERROR",
@@ -139,8 +158,8 @@ def start_workload(
     the returned job knows the id discovery gives it. A real framework's job holds its first
     iteration until `start_at` (CLOCK_MONOTONIC) and is not waited for here; the synthetic
     job starts at once and is waited for until its PS listens. With `more_ps_hosts` the
-    model is sharded over PS tasks on `ps_host` and those, each pushing its share (synthetic
-    and TensorFlow jobs)."""
+    model is sharded over PS tasks on `ps_host` and those, each pushing its share (synthetic,
+    PyTorch gloo and TensorFlow jobs)."""
     if workload is Workload.SYNTHETIC:
         ps_hosts = [ps_host, *more_ps_hosts]
         shards = [
@@ -161,12 +180,12 @@ def start_workload(
         return job
     if workload is Workload.TF_PS:
         return start_tf_job([ps_host, *more_ps_hosts], worker_hosts, shape, start_at)
-    if more_ps_hosts:
-        raise ValueError(f"{workload}: only synthetic and TensorFlow jobs are sharded")
+    if more_ps_hosts and workload is not Workload.TORCH_GLOO:
+        raise ValueError(f"{workload}: only synthetic, gloo PS and TensorFlow jobs are sharded")
     transport = {Workload.TORCH_RPC: "rpc", Workload.TORCH_DDP: "ddp", Workload.HOROVOD_DDP: "ddp"}
     return start_torch_job(
         transport.get(workload, "gloo"), tag, ps_host, worker_hosts, shape, start_at,
-        horovod=workload is Workload.HOROVOD_DDP,
+        horovod=workload is Workload.HOROVOD_DDP, more_ps_hosts=more_ps_hosts,
     )  # fmt: skip
 
 
@@ -178,26 +197,34 @@ def start_torch_job(
     shape: JobShape,
     start_at: float | None,
     horovod: bool = False,
+    more_ps_hosts: Sequence[Host] = (),
 ) -> RunningJob:
     """testbed/torchjob.py's PS as torchrun's rank 0 on `ps_host`, its workers as ranks 1..n;
     `tag` is the run id. Transport "ddp": every rank, 0 included, trains and all-reduces;
-    `horovod`: launched with horovodrun's variables instead of torchrun's."""
+    `horovod`: launched with horovodrun's variables instead of torchrun's. With
+    `more_ps_hosts` (gloo): the model sharded over PS ranks 0..K-1, one on `ps_host` and one
+    on each of those, launched with --role ps, and the workers (--role trainer) ranks
+    K..K+n-1; each shard's entry in the job's `ports` is the master port (its data ports,
+    gloo's ephemeral ones, are discovery's to find)."""
     port = next(_master_ports)
     master = f"{ps_host.ipv4}:{port}"
-    world = shape.workers + 1
+    ps_hosts = [ps_host, *more_ps_hosts]
+    shards = len(ps_hosts)
+    world = shape.workers + shards
     ddp = transport == "ddp"
     common = ["--hidden", str(hidden_for(shape.model_bytes)), "--iterations",
-              str(shape.iterations), "--transport", "gloo" if ddp else transport]  # fmt: skip
+              str(shape.iterations), "--transport", "gloo" if ddp else transport,
+              *(["--shards", str(shards)] if shards > 1 else [])]  # fmt: skip
     device = shape.device.partition(":")[0]
     step = ["--batch", str(TORCH_BATCH[device]), "--compute", str(shape.compute_s),
             "--device", shape.device]  # fmt: skip
     hold = [] if start_at is None else ["--start-at", repr(start_at)]
-    hosts = [ps_host, *round_robin(worker_hosts, shape.workers)]
+    hosts = [*ps_hosts, *round_robin(worker_hosts, shape.workers)]
     rendezvous = f"{ps_host.ipv4}:{next(_rendezvous_ports)}"
 
     def rank_args(rank: int, host: Host) -> list[str]:
         if not ddp:
-            return ["ps", *common, "--ifname", host.ifname, *hold] if rank == 0 else [
+            return ["ps", *common, "--ifname", host.ifname, *hold] if rank < shards else [
                 "worker", *common, "--ifname", host.ifname, *step]  # fmt: skip
         # Horovod gives no master address: its ranks meet at horovodrun's rendezvous
         # server, which the script's own gloo group stands in for here (--master).
@@ -209,7 +236,8 @@ def start_torch_job(
     def env(rank: int, host: Host) -> dict[str, str]:
         if horovod:
             return {**horovodrun_env(rendezvous, rank, world, host.ifname), **declared}
-        return {**torchrun_env(tag, rank, world, master), **declared}
+        role = "default" if shards == 1 else "ps" if rank < shards else "trainer"
+        return {**torchrun_env(tag, rank, world, master, role), **declared}
 
     procs = [
         subprocess.Popen(
@@ -219,7 +247,12 @@ def start_torch_job(
         for rank, host in enumerate(hosts)
     ]  # fmt: skip
     job = f"horovod/{rendezvous}" if horovod else f"torch/{tag}"
-    return (DdpJob if ddp else RunningJob)(procs[0], procs[1:], port, job=job)
+    if ddp:
+        return DdpJob(procs[0], procs[1:], port, job=job)
+    return RunningJob(
+        procs[0], procs[shards:], port, job=job, more_ps=procs[1:shards],
+        ports=(port,) * shards if shards > 1 else (),
+    )  # fmt: skip
 
 
 class DdpJob(RunningJob):

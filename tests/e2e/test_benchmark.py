@@ -135,6 +135,49 @@ def test_multi_host_scenario_shards_jobs_and_records_each_hosts_light(tmp_path: 
     assert "green on some PS hosts only" in report and (out / "timeline_m2.png").exists()
 
 
+def test_real_pytorch_jobs_sharded_over_ps_hosts_are_found_on_each_host(tmp_path: Path) -> None:
+    """m5 at a fifth of its size (16 iterations): m3's four jobs as real PyTorch gloo PS
+    jobs, three sharded over PS ranks on two hosts, under the controller. Every agent is told
+    `torch_ps_ranks = [0]` (the benchmark's configuration for single-PS jobs), so a second
+    shard, RANK 1, is found as a PS only by its launcher's ROLE_NAME=ps."""
+    pytest.importorskip("torch", reason="the torch extra is not installed")
+    out = tmp_path / "torch-sharded"
+    args = [
+        *BENCH, "run", "--scenarios", "m5", "--policies", "controller-pack", "--reps", "1",
+        "--scale", "0.2", "--status-traces", "--no-plots", "--out", str(out),
+    ]  # fmt: skip
+    result = subprocess.run(args, capture_output=True, text=True, timeout=400)
+    assert result.returncode == 0, result.stdout + result.stderr
+    trials = [json.loads(line) for line in (out / "trials.jsonl").read_text().splitlines()]
+    assert {t["profile"] for t in trials if t["policy"] == "alone"} == {
+        "torch-gloo-8000000B-2w-0.1s-16it-2ps", "torch-gloo-4000000B-2w-0.1s-16it"
+    }  # fmt: skip
+    (trial,) = [t for t in trials if t["scenario"] == "m5"]
+    jobs = {job["name"]: job for job in trial["jobs"]}
+    for name in ("j1", "j2", "j3"):
+        # Each worker took both shards every iteration, and logged when each came in.
+        assert len(jobs[name]["spreads_s"]) == 16 and len(jobs[name]["shard_spreads_s"]) == 16
+    assert len(jobs["j4"]["spreads_s"]) == 16 and jobs["j4"]["shard_spreads_s"] == []
+    # Every shard's pushes crossed its host's shaped link: 4 MB (the 4 MB job: all of it)
+    # to each of 2 workers, 16 times, from 7 PS ranks.
+    assert trial["links"] == 3 and trial["link_bytes"] >= 0.99 * 7 * 4_000_000 * 2 * 16
+    # Each host's agent found exactly the jobs with a PS rank there, by process.
+    placed = {"ps": {"j1", "j3", "j4"}, "ps2": {"j1", "j2"}, "ps3": {"j2", "j3"}}
+    for host, names in placed.items():
+        reads = [
+            json.loads(line)
+            for line in (out / "status" / f"m5-controller-pack-0-{host}.jsonl").open()
+        ]
+        found = {
+            job.split("-")[1]
+            for read in reads
+            for job, ports in read["status"]["discovery"]["job_ports"].items()
+            if ports
+        }
+        assert found == names, host
+    assert set(trial["host_greens"]) == {"ps", "ps2", "ps3"}
+
+
 def test_faults_during_a_coordinated_run_are_done_and_recorded(tmp_path: Path) -> None:
     """m1 at 0.4 of its size: the controller killed 2 s in and back 3 s later, and the first
     PS host's agent restarted 2 s in; the jobs finish, and what was done and how the agents

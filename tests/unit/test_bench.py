@@ -38,6 +38,7 @@ from tensorlights.bench.scenarios import (
     select_policies,
 )
 from tensorlights.errors import ConfigError
+from tensorlights.testbed.workloads import start_up_factor
 
 CONTROLLER = (Policy.CONTROLLER_PACK, Policy.CONTROLLER_ROTATE)
 
@@ -125,9 +126,15 @@ def test_bound_is_below_every_serial_schedule_and_above_both_simple_bounds(
 
 def test_scenarios_cover_the_issue_and_scale() -> None:
     assert sorted(SCENARIOS) == [
-        *("a", "b", "c", "c1", "c2", "d", "e", "f", "m1", "m2", "m3", "m4"),
+        *("a", "b", "c", "c1", "c2", "d", "e", "f", "m1", "m2", "m3", "m4", "m5"),
         *("r1", "r2", "r3", "r4"),
     ]
+    # m3's jobs and placement again as real PyTorch PS jobs, three of them sharded.
+    assert [replace(j, workload="synthetic") for j in SCENARIOS["m5"].jobs] == list(
+        SCENARIOS["m3"].jobs
+    )
+    assert {j.workload for j in SCENARIOS["m5"].jobs} == {"torch-gloo"}
+    assert [j.shards for j in SCENARIOS["m5"].jobs] == [2, 2, 2, 1]
     # The real frameworks' scenarios: RPC, overloaded gloo, mixed sizes, TensorFlow.
     assert {j.workload for j in SCENARIOS["r1"].jobs} == {"torch-rpc"}
     assert {j.workload for j in SCENARIOS["r2"].jobs} == {"torch-gloo"}
@@ -145,9 +152,18 @@ def test_scenarios_cover_the_issue_and_scale() -> None:
         SCENARIOS["a"].scaled(0)
 
 
+def test_a_scenarios_framework_start_up_grows_with_the_processes_each_core_starts() -> None:
+    # r2's 9 PyTorch processes on 2 cores start within the workload's own lead; m5's 15 take
+    # 1.9 times as long; on 16 cores they start within it again.
+    assert start_up_factor(8, cores=2) == 1.0
+    assert start_up_factor(15, cores=2) == pytest.approx(1.875)
+    assert start_up_factor(15, cores=16) == 1.0
+    assert start_up_factor(0, cores=2) == 1.0
+
+
 def test_selection_refuses_unknown_names() -> None:
     assert [s.key for s in select("a, c")] == ["a", "c"]
-    assert len(select("all")) == 16
+    assert len(select("all")) == 17
     assert select_policies("all") == list(COMPARED)
     with pytest.raises(ConfigError, match="unknown scenario"):
         select("z")
@@ -351,8 +367,8 @@ def test_multi_host_scenarios_shard_over_ps_hosts_and_shape_each() -> None:
     assert profile_key(j1).endswith("-2ps") and not profile_key(m3.jobs[3]).endswith("ps")
     with pytest.raises(ConfigError, match="PS hosts"):
         Scenario("x", "t", "d", (JobSpec("j", 1, 1, 0.1, 1, ps_hosts=("ps", "nowhere")),))
-    with pytest.raises(ConfigError, match="only synthetic and TF"):
-        Scenario("x", "t", "d", (JobSpec("j", 1, 1, 0.1, 1, 0, "torch-gloo", ("ps", "ps2")),))
+    with pytest.raises(ConfigError, match="only synthetic, gloo PS and TF"):
+        Scenario("x", "t", "d", (JobSpec("j", 1, 1, 0.1, 1, 0, "torch-rpc", ("ps", "ps2")),))
 
 
 def test_split_green_share_counts_time_a_sharded_job_is_green_on_one_host_only() -> None:
