@@ -5,10 +5,11 @@
     python -m tensorlights.testbed.torchjob ps --master ADDR:PORT --workers 2 --hidden 512
     python -m tensorlights.testbed.torchjob worker --master ADDR:PORT --rank 1 --workers 2
     python -m tensorlights.testbed.torchjob ddp --master ADDR:PORT --rank 0 --workers 3
+    python -m tensorlights.testbed.torchjob ps --shards 2 --rank 1 --master ADDR:PORT --workers 2
 
 or launched as torchrun launches a script: RANK, WORLD_SIZE, MASTER_ADDR and MASTER_PORT in
-the environment stand for --rank, --workers + 1 (ddp: --workers is WORLD_SIZE - 1 too, the
-ranks other than this one's peer 0) and --master.
+the environment stand for --rank, --workers + --shards (ddp: --workers is WORLD_SIZE - 1,
+the ranks other than this one's peer 0) and --master.
 
 ddp: every rank wraps the same MLP in DistributedDataParallel (gloo, CPU): forward on a random
 batch, the rest of --compute waited out (an accelerator's step), then backward, during which
