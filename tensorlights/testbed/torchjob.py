@@ -24,9 +24,10 @@ iteration sends all its parameters to every worker at once, receives every worke
 (the barrier), averages them and takes an SGD step. With --shards K (gloo) the model is
 sharded over K PS ranks, 0..K-1 (as a launcher places them: one per PS host, each launched
 with torchrun's --role ps, ROLE_NAME), each holding an equal slice of the flat parameters;
-the workers are ranks K..K+n-1 and take every slice each iteration. Workers note when they had the
-parameters (CLOCK_MONOTONIC), run forward and backward on a random batch (--batch), and send
-their gradient back. Two transports:
+the workers are ranks K..K+n-1 and take every slice each iteration. Workers note when they
+had the parameters (CLOCK_MONOTONIC; sharded, also when each slice came in), run forward and
+backward on a random batch (--batch), and send their gradient back (sharded, each slice to
+its PS rank). Two transports:
   gloo  torch.distributed isend/recv of the flat parameter vector (gloo's pairs, ephemeral
         data ports);
   rpc   torch.distributed.rpc: the PS calls `_rpc_step(parameters)` on every worker with
