@@ -239,7 +239,7 @@ M_ITERATIONS = 80
 prototype's 20 s loop or more (with 25 iterations it never rotated before the jobs ended)."""
 
 
-SCENARIOS_M3 = (
+M3_JOBS = (
     JobSpec("j1", 8 * MB, 2, 0.1, M_ITERATIONS, ps_hosts=SHARDED),
     JobSpec("j2", 8 * MB, 2, 0.1, M_ITERATIONS, ps_hosts=("ps2", "ps3")),
     JobSpec("j3", 8 * MB, 2, 0.1, M_ITERATIONS, ps_hosts=("ps3", PS_HOST)),
@@ -369,7 +369,7 @@ SCENARIOS: dict[str, Scenario] = {
             "Three 8 MB jobs sharded over two PS hosts each (ps+ps2, ps2+ps3, ps3+ps) and a "
             "4 MB job on ps alone, 2 workers each, 100 ms compute: no host carries the same "
             "jobs as another.",
-            SCENARIOS_M3,
+            M3_JOBS,
         ),
         Scenario(
             "m4",
@@ -388,7 +388,7 @@ SCENARIOS: dict[str, Scenario] = {
             "m3's jobs and placement as real PyTorch gloo PS jobs with torchrun's variables: "
             "three 8 MB models each sharded over PS ranks on two hosts (launched with --role "
             "ps), a 4 MB one on ps alone, 2 workers each, 100 ms compute.",
-            tuple(replace(job, workload="torch-gloo") for job in SCENARIOS_M3),
+            tuple(replace(job, workload="torch-gloo") for job in M3_JOBS),
         ),
         # Collective jobs: PyTorch DDP (gloo ring all-reduce), a rank on every shaped host.
         Scenario(
