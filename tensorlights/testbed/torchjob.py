@@ -378,18 +378,20 @@ def main(argv: list[str] | None = None) -> int:
         )  # fmt: skip
         worker.set_defaults(**defaults)
     args = parser.parse_args(argv)
+    # Errors in a role's arguments print that role's usage, not the top-level one.
+    role_parser = sub.choices[args.role]
     if args.workers is None and args.world is not None:
         args.workers = args.world - args.shards  # ddp: the ranks other than 0
     if args.shards < 1 or (args.shards > 1 and args.transport != "gloo"):
-        parser.error("--shards: 1 or more, and more than 1 only with --transport gloo")
+        role_parser.error("--shards: 1 or more, and more than 1 only with --transport gloo")
     if args.role == "ps" and not 0 <= args.rank < args.shards:
-        parser.error(f"--rank {args.rank}: a PS shard's rank is 0..{args.shards - 1}")
+        role_parser.error(f"--rank {args.rank}: a PS shard's rank is 0..{args.shards - 1}")
     missing = [
         flag for flag, value in (("--master", args.master), ("--workers", args.workers))
         if value is None
     ] + (["--rank"] if args.role != "ps" and args.rank is None else [])  # fmt: skip
     if missing:
-        parser.error(f"{', '.join(missing)} required (or torchrun's variables)")
+        role_parser.error(f"{', '.join(missing)} required (or torchrun's variables)")
     os.environ["GLOO_SOCKET_IFNAME"] = os.environ["TP_SOCKET_IFNAME"] = args.ifname
     try:
         import torch
