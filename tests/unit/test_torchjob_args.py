@@ -3,11 +3,12 @@ usage of the role given (ps, worker, ddp), not the top-level one that lists only
 
 from __future__ import annotations
 
+import os
+
 import pytest
 
 from tensorlights.testbed import torchjob
-
-TORCHRUN_VARIABLES = ("MASTER_ADDR", "MASTER_PORT", "WORLD_SIZE", "RANK")
+from tensorlights.testbed.socket_holder import clean_env
 
 
 @pytest.mark.parametrize(
@@ -36,8 +37,8 @@ def test_an_argument_error_prints_its_roles_usage(
     capsys: pytest.CaptureFixture[str],
     monkeypatch: pytest.MonkeyPatch,
 ) -> None:
-    for name in TORCHRUN_VARIABLES:
-        monkeypatch.delenv(name, raising=False)
+    for name in os.environ.keys() - clean_env().keys():  # torchrun's and other launchers'
+        monkeypatch.delenv(name)
     with pytest.raises(SystemExit) as exited:
         torchjob.main(argv)
     assert exited.value.code == 2
