@@ -6,20 +6,30 @@ how many bytes each flow delivered in every interval.
     python -m tensorlights.testbed.traffic sink --connect 10.77.0.1:5001 --seconds 6
 
 `sink` prints one JSON object: {"interval": s, "flows": {"ADDR:PORT": [bytes, ...]},
-"resets": n, "errors": [...]}. Both sides stop by themselves.
+"link": [bytes, ...] or null, "resets": n, "errors": [...]}. Both sides stop by themselves.
+
+`flows` count what the sink read in each interval; `link` (with `--link-dev DEV`) what the
+link delivered into the sink's namespace: DEV's receive counter, which a veth advances as its
+peer transmits. The two differ when the receiving side lags: on two busy cores the sink's
+reads (and the kernel's receive processing before them) fell ~25% behind for one interval and
+caught up in the next, with DEV's counter at the link's rate throughout. So what the link
+carried is read from `link`, and the shares of the flows from `flows`.
 """
 
 from __future__ import annotations
 
 import argparse
+import itertools
 import json
 import selectors
 import socket
 import subprocess
 import sys
 import time
+from pathlib import Path
 
 CHUNK = 256 * 1024
+LINK_SAMPLE_S = 0.005  # how often the link's counter is read: boundaries are interpolated
 
 
 def serve(ports: list[int], bind: str, max_seconds: float) -> int:
@@ -58,7 +68,7 @@ def serve(ports: list[int], bind: str, max_seconds: float) -> int:
     return 0
 
 
-def sink(targets: list[str], seconds: float, interval: float) -> int:
+def sink(targets: list[str], seconds: float, interval: float, link_dev: str | None = None) -> int:
     sel = selectors.DefaultSelector()
     slots = max(1, round(seconds / interval))
     flows: dict[str, list[int]] = {}
@@ -71,9 +81,13 @@ def sink(targets: list[str], seconds: float, interval: float) -> int:
         conn.setblocking(False)
         sel.register(conn, selectors.EVENT_READ, target)
         flows[target] = [0] * slots
+    counter = Path(f"/sys/class/net/{link_dev}/statistics/rx_bytes") if link_dev else None
+    link: list[tuple[float, int]] = []  # (seconds since start, DEV's received bytes)
     start = time.monotonic()
     end = start + seconds
     while (now := time.monotonic()) < end:
+        if counter is not None and (not link or now - start - link[-1][0] >= LINK_SAMPLE_S):
+            link.append((now - start, int(counter.read_text())))
         for key, _ in sel.select(timeout=min(0.05, end - now)):
             sock = key.fileobj
             assert isinstance(sock, socket.socket)
@@ -92,10 +106,29 @@ def sink(targets: list[str], seconds: float, interval: float) -> int:
                 continue
             slot = min(slots - 1, int((time.monotonic() - start) / interval))
             flows[key.data][slot] += len(data)
+    if counter is not None:
+        link.append((time.monotonic() - start, int(counter.read_text())))
     for key in list(sel.get_map().values()):
         key.fileobj.close()  # type: ignore[union-attr]
-    print(json.dumps({"interval": interval, "flows": flows, "resets": resets, "errors": errors}))
+    per_slot = slot_bytes(link, slots, interval) if counter is not None else None
+    result = {"interval": interval, "flows": flows, "link": per_slot}
+    print(json.dumps({**result, "resets": resets, "errors": errors}))
     return 0
+
+
+def slot_bytes(samples: list[tuple[float, int]], slots: int, interval: float) -> list[int]:
+    """Bytes per slot from a counter's (time, value) samples, its value at each slot boundary
+    interpolated between the samples around it: a sample late by a stall of the sampler still
+    puts the bytes the kernel counted meanwhile in the slots they were counted in, near enough."""
+
+    def at(t: float) -> float:
+        for (t0, v0), (t1, v1) in itertools.pairwise(samples):
+            if t <= t1:
+                return v0 if t1 == t0 or t <= t0 else v0 + (v1 - v0) * (t - t0) / (t1 - t0)
+        return samples[-1][1]
+
+    edges = [at(i * interval) for i in range(slots + 1)]
+    return [round(b - a) for a, b in itertools.pairwise(edges)]
 
 
 def serve_command(ports: list[int], max_seconds: float = 120.0) -> list[str]:
@@ -104,9 +137,12 @@ def serve_command(ports: list[int], max_seconds: float = 120.0) -> list[str]:
     return [*args, "--max-seconds", str(max_seconds)]
 
 
-def sink_command(targets: list[str], seconds: float, interval: float) -> list[str]:
+def sink_command(
+    targets: list[str], seconds: float, interval: float, link_dev: str | None = None
+) -> list[str]:
     args = [sys.executable, "-m", "tensorlights.testbed.traffic", "sink"]
     args += [arg for target in targets for arg in ("--connect", target)]
+    args += ["--link-dev", link_dev] if link_dev else []
     return [*args, "--seconds", str(seconds), "--interval", str(interval)]
 
 
@@ -143,10 +179,13 @@ def main(argv: list[str] | None = None) -> int:
     p_sink.add_argument("--connect", action="append", required=True, metavar="ADDR:PORT")
     p_sink.add_argument("--seconds", type=float, default=5.0)
     p_sink.add_argument("--interval", type=float, default=0.1)
+    p_sink.add_argument(
+        "--link-dev", metavar="DEV", help="also record what DEV received in each interval"
+    )
     args = parser.parse_args(argv)
     if args.mode == "serve":
         return serve(args.port, args.bind, args.max_seconds)
-    return sink(args.connect, args.seconds, args.interval)
+    return sink(args.connect, args.seconds, args.interval, args.link_dev)
 
 
 if __name__ == "__main__":

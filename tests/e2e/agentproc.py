@@ -15,6 +15,8 @@ from tensorlights.errors import TransientError
 from tensorlights.testbed import netns
 from tensorlights.testbed.socket_holder import clean_env
 
+from ..functional.tcutil import LINK_BUSY_ROTATING
+
 AGENT = [sys.executable, "-m", "tensorlights.cli.agent"]
 METRICS = "127.0.0.1:9731"
 
@@ -144,23 +146,25 @@ def dominant_slots(flows: dict[str, list[int]]) -> list[tuple[str, float, int]]:
 
 
 def assert_light_rotates(
-    flows: dict[str, list[int]],
+    result: dict[str, Any],
     interval: float,
     skip: int,
     changes_allowed: tuple[int, int],
     link_bytes_per_s: float,
 ) -> None:
-    """The sink's per-slot bytes show one flow at a time carrying the link (>= 85% of the
-    bytes and of the link in every steady slot) and the light moving between them a number
-    of times within `changes_allowed`. The first `skip` slots (connections starting, jobs
-    not yet found) and the last (a switch there shows no change after it) are left out."""
-    slots = dominant_slots(flows)[skip:-1]
+    """The sink's result (tcutil.start_sink) shows one flow at a time carrying the link (>= 85%
+    of the bytes read, and the link busy: LINK_BUSY_ROTATING, in every steady slot) and the
+    light moving between them a number of times within `changes_allowed`. The first `skip` slots
+    (connections starting, jobs not yet found) and the last (a switch there shows no change
+    after it) are left out."""
+    slots = dominant_slots(result["flows"])[skip:-1]
+    carried = result["link"][skip:-1]
     changes = [i for i in range(1, len(slots)) if slots[i][0] != slots[i - 1][0]]
     assert changes_allowed[0] <= len(changes) <= changes_allowed[1], slots
     # The first and last slots may hold a switch whose neighbour was cut off.
     near_change = {0, len(slots) - 1} | {j for i in changes for j in (i - 1, i)}
-    steady = [s for i, s in enumerate(slots) if i not in near_change]
+    steady = [i for i in range(len(slots)) if i not in near_change]
     assert len(steady) >= 6, slots
-    for _top, share, total in steady:
-        assert share >= 0.85, " ".join(f"{t[-1]}:{s:.2f}" for t, s, _ in slots)
-        assert total >= 0.85 * link_bytes_per_s * interval, slots
+    for i in steady:
+        assert slots[i][1] >= 0.85, " ".join(f"{t[-1]}:{s:.2f}" for t, s, _ in slots)
+        assert carried[i] >= LINK_BUSY_ROTATING * link_bytes_per_s * interval, (i, carried, slots)

@@ -26,7 +26,7 @@ from tensorlights.testbed.psjob import (
 )
 from tensorlights.testbed.socket_holder import clean_env
 
-from ..functional.tcutil import root_qdisc, sink_result
+from ..functional.tcutil import LINK_BUSY_ROTATING, root_qdisc, sink_result
 from .agentproc import AgentProcess, dominant_slots
 from .torchjobs import launch
 
@@ -60,7 +60,7 @@ def test_the_agent_rotates_the_light_between_pods_behind_vxlan(
             agent.wait_status(lambda d: "last_pass" in d)
             interval, seconds = 0.5, 12.0
             targets = [f"{pod.ipv4}:{PORT}" for pod in node.pods]
-            command = traffic.sink_command(targets, seconds, interval)
+            command = traffic.sink_command(targets, seconds, interval, link_dev=node.nic)
             sink = subprocess.Popen(
                 netns.in_ns(node.peer_ns, *command), stdout=subprocess.PIPE, text=True
             )
@@ -87,26 +87,25 @@ def test_the_agent_rotates_the_light_between_pods_behind_vxlan(
         # the waiting band's round trip (1.3 s, once in ~100 moves; in CI once in ~20 runs);
         # drained in 0.1 s, it carries 0.3 s. See docs/design.md, pods.
         slots = dominant_slots(result["flows"])[2:-1]
+        carried = result["link"][2:-1]  # what the NIC delivered: the link's use
         held = [i for i in range(1, len(slots) - 1)
                 if slots[i - 1][0] == slots[i][0] == slots[i + 1][0]]  # fmt: skip
         steady = [slots[i] for i in held]
         # Every slot in full on a failure (a list is cut short in pytest's report).
         link = LINK_BYTES_PER_S * interval
         shown = "\n".join(
-            f"{top} {share:.0%} of the slot, {total / link:.3f} of the link"
-            for top, share, total in slots
+            f"{top} {share:.0%} of the slot, {used / link:.3f} of the link"
+            for (top, share, _), used in zip(slots, carried, strict=True)
         )
         assert len(steady) >= 8, shown
         failure = f"{shown}\nagent log:\n{agent.log_text()[-3000:]}"
-        for _top, share, total in steady:
-            assert share >= 0.85 and total >= 0.7 * link, failure
-        # The green pod's flow sitting out an RTO (200 ms at the least) costs a slot at
-        # least 0.4 of its time, or two slots 0.2 of theirs, through vxlan's ~0.92 of the
-        # link: under these floors. A shorter stall of the whole link, both pods' flows at
-        # once (45 ms, once in CI), is no RTO, and under the 0.85 a slot had to carry it
-        # failed the test (docs/testing.md).
-        pairs = [(slots[i][2] + slots[i + 1][2]) / 2 for i in held if i + 1 in held]
-        assert pairs and min(pairs) >= 0.8 * link, failure
+        # The green pod's flow sitting out an RTO (200 ms at the least) costs it 0.4 of a
+        # slot's share. The link's use is read on the wire: the sink's reads lag a slot by
+        # 25-30% on two busy cores while the NIC stays busy, and catch up in the next
+        # (testbed/traffic.py); read so, a steady slot once fell to 0.83 in CI
+        # (docs/testing.md).
+        for i in held:
+            assert slots[i][1] >= 0.85 and carried[i] >= LINK_BUSY_ROTATING * link, failure
         assert {top for top, _, _ in steady} == set(targets), shown
         turns = [len(list(run)) for _, run in itertools.groupby(top for top, _, _ in slots)]
         assert len(turns) >= 5 and all(3 <= n <= 5 for n in turns[1:-1]), (turns, slots)
