@@ -56,8 +56,9 @@ def main() -> None:
     f"each scenario of up to {MAX_ORDER_JOBS} jobs, built with tc (the reference each policy "
     f"is reported against); and faults during controller-pack: {', '.join(FAULTS)} (the "
     "controller killed, or killed and restarted, or the first PS host's agent restarted, "
-    "--fault-at into the run); `pack-iterations`: pack with every job declaring its "
-    "iterations (TENSORLIGHTS_ITERATIONS). The last three kinds are not in `all`.",
+    "--fault-at into the run); `pack-iterations` and `controller-pack-iterations`: pack, "
+    "hosts alone or under the controller, with every job declaring its iterations "
+    "(TENSORLIGHTS_ITERATIONS). The last three kinds are not in `all`.",
 )  # fmt: skip
 @click.option("--reps", type=click.IntRange(1, 50), default=3, show_default=True)
 @click.option("--rate", default="300mbit", show_default=True, help="The PS host's link.")

@@ -20,6 +20,7 @@ LABELS = {
     "pack": "TensorLights pack",
     "pack-iterations": "TensorLights pack, iterations declared",
     "controller-pack": "TensorLights pack, controller",
+    "controller-pack-iterations": "TensorLights pack, controller, iterations declared",
     "controller-rotate": "TensorLights rotate, controller",
     "controller-pack-killed": "pack, controller killed",
     "controller-pack-restarted": "pack, controller restarted",

@@ -31,6 +31,7 @@ from tensorlights.bench import legacy_tc
 from tensorlights.bench.results import JobRun, Trial
 from tensorlights.bench.scenarios import (
     CONTROLLER_HOST,
+    DECLARING,
     FAULT_AT_S,
     FAULT_DOWN_S,
     FAULTS,
@@ -574,7 +575,7 @@ def make_driver(
         ]  # fmt: skip
         return trees[0] if len(trees) == 1 else EveryHost(trees, trees[0])
     controller = None
-    agent_policy = "pack" if policy is Policy.PACK_ITERATIONS else policy.value
+    agent_policy = "pack" if policy in DECLARING else policy.value
     if policy in CONTROLLED:
         agent_policy = CONTROLLED[policy]  # also what each agent falls back to
         controller = ControllerOnHost(
@@ -601,6 +602,7 @@ def make_driver(
 
 CONTROLLED = {
     Policy.CONTROLLER_PACK: "pack",
+    Policy.CONTROLLER_PACK_ITERATIONS: "pack",
     Policy.CONTROLLER_ROTATE: "rotate",
     **dict.fromkeys(FAULTS, "pack"),
 }
@@ -677,7 +679,7 @@ def run_trial(
                 early = start_ups[index] > 0
                 shape = JobShape(
                     spec.workers, spec.model_bytes, spec.iterations, spec.compute_s,
-                    options.device, declares=policy is Policy.PACK_ITERATIONS,
+                    options.device, declares=policy in DECLARING,
                 )  # fmt: skip
                 ps_hosts = [cluster.hosts[name] for name in spec.ps_hosts]
                 running[index] = start_workload(

@@ -56,6 +56,9 @@ class Policy(StrEnum):
     CONTROLLER_PACK = "controller-pack"
     """The agents of every shaped host following the controller, `--policy pack`: one
     cluster-wide order by measured demand, each job green on all its hosts at once."""
+    CONTROLLER_PACK_ITERATIONS = "controller-pack-iterations"
+    """(Asked for by name) `controller-pack`, every job declaring its iterations, as in
+    `pack-iterations`: what that signal buys under the controller."""
     CONTROLLER_ROTATE = "controller-rotate"
     """The same with the controller's coordinated rotation (`--policy rotate`)."""
     CONTROLLER_KILLED = "controller-pack-killed"
@@ -420,12 +423,17 @@ def select(keys: str) -> list[Scenario]:
     return [SCENARIOS[key] for key in chosen]
 
 
+DECLARING = (Policy.PACK_ITERATIONS, Policy.CONTROLLER_PACK_ITERATIONS)
+"""The policies whose jobs declare their iterations (TENSORLIGHTS_ITERATIONS): asked for by
+name, not in `all`."""
+
+
 def select_policies(names: str) -> list[Policy]:
     """'fifo,rotate' -> those policies; 'all' -> every compared one."""
     if names == "all":
         return list(COMPARED)
     chosen = [name.strip() for name in names.split(",") if name.strip()]
-    valid = {p.value for p in (*COMPARED, *FAULTS, Policy.ORDERS, Policy.PACK_ITERATIONS)}
+    valid = {p.value for p in (*COMPARED, *FAULTS, Policy.ORDERS, *DECLARING)}
     unknown = [name for name in chosen if name not in valid]
     if unknown or not chosen:
         raise ConfigError(f"unknown policy {unknown or names!r}; choose from {sorted(valid)}")

@@ -26,7 +26,14 @@ from typing import Any
 
 from tensorlights.bench.results import Trial, alone_jct, profile_key
 from tensorlights.bench.runner import LEGACY_PHASE_S
-from tensorlights.bench.scenarios import RANK_HOSTS, SCENARIOS, JobSpec, Policy, Scenario
+from tensorlights.bench.scenarios import (
+    DECLARING,
+    RANK_HOSTS,
+    SCENARIOS,
+    JobSpec,
+    Policy,
+    Scenario,
+)
 from tensorlights.controller.planner import ClusterPolicy
 from tensorlights.model import JobKind
 from tensorlights.policy.bands import PolicyName
@@ -44,7 +51,7 @@ from tensorlights.units import parse_duration
 
 SIMULATED = (
     "fifo", "fair", "static", "rotate", "pack", "tl-rr-original", "controller-pack",
-    "controller-rotate", Policy.PACK_ITERATIONS,
+    "controller-rotate", *DECLARING,
 )  # fmt: skip
 """The benchmark's policies the simulator runs (not: faults, fixed orders, standalone)."""
 SIM_ONLY = ("cassini", "crux")
@@ -145,6 +152,8 @@ def driver_for(
         phases = {host: k * LEGACY_PHASE_S for k, host in enumerate(hosts)}
         members = {h: [job.name for job in scenario.jobs if h in job.ps_hosts] for h in hosts}
         return PrototypeRR(members, period, phases), Discipline.PRIORITY
+    if policy == Policy.CONTROLLER_PACK_ITERATIONS:
+        return driver_for("controller-pack", scenario, meta)
     if policy in ("controller-pack", "controller-rotate"):
         cluster = ClusterPolicy(policy.removeprefix("controller-"))
         local = agent_policy(PolicyName.PACK, interval, window)
@@ -182,7 +191,7 @@ def simulate_jobs(
     scaled = scenario.scaled(scale) if scale != 1.0 else scenario
     stretched = {job.name: job.wire_factor for job in sim_jobs(scenario, rate, alone)}
     jobs = [replace(job, wire_factor=stretched[job.name]) for job in sim_jobs(scaled, rate)]
-    if policy == Policy.PACK_ITERATIONS:
+    if policy in DECLARING:
         jobs = [replace(job, declares=True) for job in jobs]
     driver, discipline = driver_for(policy, scaled, meta)
     links = {host: rate for host in scaled.shaped_hosts}
