@@ -112,7 +112,8 @@ def sink(targets: list[str], seconds: float, interval: float, link_dev: str | No
         key.fileobj.close()  # type: ignore[union-attr]
     per_slot = slot_bytes(link, slots, interval) if counter is not None else None
     result = {"interval": interval, "flows": flows, "link": per_slot}
-    print(json.dumps({**result, "resets": resets, "errors": errors}))
+    result |= {"resets": resets, "errors": errors}
+    print(json.dumps(result))
     return 0
 
 

@@ -285,6 +285,9 @@ def test_orders_expand_per_scenario_in_the_plan() -> None:
     assert runs == [("a", "static"), ("a", "order-1-2"), ("a", "order-2-1"), ("f", "static")]
     assert select_policies("pack,orders") == [Policy.PACK, Policy.ORDERS]
     assert Policy.ORDERS not in select_policies("all")
+    declaring = select_policies("pack-iterations,controller-pack-iterations")
+    assert declaring == [Policy.PACK_ITERATIONS, Policy.CONTROLLER_PACK_ITERATIONS]
+    assert not set(declaring) & set(select_policies("all"))
 
 
 def test_collective_scenarios_put_a_rank_on_every_shaped_host() -> None:

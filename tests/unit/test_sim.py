@@ -224,8 +224,8 @@ def test_jobs_declaring_their_iterations_wait_as_long_as_their_deadlines_allow()
     average); judged by its deadline, it waits as under TL-One, and so it does declaring
     nothing: its only company is its sibling, which it ends in time behind
     (StarvationGuard.waits_in_time), on its host deciding alone, and under the controller
-    where every host says so (m1: two equal jobs sharded over two hosts). r2 at 3x (three
-    equal jobs): TL-One breaks 2x, and the deadlines keep it."""
+    where every host says so (m1: two equal jobs sharded over two hosts), and declaring there
+    too. r2 at 3x (three equal jobs): TL-One breaks 2x, and the deadlines keep it."""
     meta, tcp = Measured.load(RESULTS / "bench").meta, TcpModel(0.5, 0.05)
 
     def run(key: str, policy: str) -> tuple[float, float]:
@@ -236,6 +236,7 @@ def test_jobs_declaring_their_iterations_wait_as_long_as_their_deadlines_allow()
     assert declaring == pytest.approx(static) and run("a", "pack") == pytest.approx(static)
     assert run("a", "controller-pack") == pytest.approx(static)
     assert run("m1", "controller-pack") == pytest.approx(run("m1", "static"))
+    assert run("m1", "controller-pack-iterations") == pytest.approx(run("m1", "static"))
     static, declaring = run("r2", "static"), run("r2", "pack-iterations")
     assert static[1] > 2.0 and declaring[1] < 2.0
 
