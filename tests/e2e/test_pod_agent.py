@@ -7,7 +7,6 @@ from __future__ import annotations
 
 import itertools
 import json
-import subprocess
 import time
 from pathlib import Path
 
@@ -26,7 +25,7 @@ from tensorlights.testbed.psjob import (
 )
 from tensorlights.testbed.socket_holder import clean_env
 
-from ..functional.tcutil import LINK_BUSY_ROTATING, root_qdisc, sink_result
+from ..functional.tcutil import LINK_BUSY_ROTATING, root_qdisc, sink_result, start_sink_in
 from .agentproc import AgentProcess, dominant_slots
 from .torchjobs import launch
 
@@ -60,10 +59,7 @@ def test_the_agent_rotates_the_light_between_pods_behind_vxlan(
             agent.wait_status(lambda d: "last_pass" in d)
             interval, seconds = 0.5, 12.0
             targets = [f"{pod.ipv4}:{PORT}" for pod in node.pods]
-            command = traffic.sink_command(targets, seconds, interval, link_dev=node.nic)
-            sink = subprocess.Popen(
-                netns.in_ns(node.peer_ns, *command), stdout=subprocess.PIPE, text=True
-            )
+            sink = start_sink_in(node.peer_ns, targets, seconds, interval, link_dev=node.nic)
             # The pods' jobs are known from their first connections on.
             document = agent.wait_status(lambda d: len(d.get("bands", {})) == 2, deadline_s=5)
             pods = document["discovery"]["job_pod_endpoints"]

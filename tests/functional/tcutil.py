@@ -55,8 +55,15 @@ def start_sink(
     targets: list[str], seconds: float, interval: float, pair: netns.HostPair
 ) -> subprocess.Popen[str]:
     """The sink in `pair.b`, recording its flows and what its end of the link received."""
-    command = traffic.sink_command(targets, seconds, interval, link_dev=pair.b.ifname)
-    return subprocess.Popen(pair.b.exec_args(*command), stdout=subprocess.PIPE, text=True)
+    return start_sink_in(pair.b.ns, targets, seconds, interval, link_dev=pair.b.ifname)
+
+
+def start_sink_in(
+    ns: str, targets: list[str], seconds: float, interval: float, link_dev: str | None = None
+) -> subprocess.Popen[str]:
+    """The sink in namespace `ns` (testbed/traffic.py), with `link_dev`'s counter if given."""
+    command = traffic.sink_command(targets, seconds, interval, link_dev)
+    return subprocess.Popen(netns.in_ns(ns, *command), stdout=subprocess.PIPE, text=True)
 
 
 def sink_result(proc: subprocess.Popen[str], timeout: float) -> dict[str, Any]:

@@ -29,7 +29,7 @@ from tensorlights.testbed.netns import in_ns, run
 from tensorlights.testbed.pods import Mode, PodNode, connection_rto_ms, pod_node
 
 from .holders import scan_until
-from .tcutil import LINK_BUSY, sink_result
+from .tcutil import LINK_BUSY, sink_result, start_sink_in
 
 pytestmark = pytest.mark.root
 
@@ -69,7 +69,7 @@ def test_the_green_pod_carries_the_node_nic_in_both_cni_modes(
     try:
         # Discovery, from outside the pods' namespaces as the agent sees them, while workers
         # are connected.
-        workers = _sink(node, targets, seconds=2.0, interval=0.5)
+        workers = start_sink_in(node.peer_ns, targets, seconds=2.0, interval=0.5)
         with Scanner(DiscoveryRules(trust=TRUST_ANY)) as scanner:
 
             def both(snapshot: DiscoverySnapshot) -> bool:
@@ -90,7 +90,7 @@ def test_the_green_pod_carries_the_node_nic_in_both_cni_modes(
         # on two cores a packet capture beside it starves the workers' reads.
         dataplane.apply(_spec(endpoints, "job-a"))
         interval, seconds, rotate_at, probe_at = 0.5, 8.0, 4.0, 7.0
-        sink = _sink(node, targets, seconds, interval, link_dev=node.nic)
+        sink = start_sink_in(node.peer_ns, targets, seconds, interval, link_dev=node.nic)
         time.sleep(rotate_at)  # a wall-clock experiment: the sink records what happens when
         dataplane.rotate(_spec(endpoints, "job-b"))
         time.sleep(probe_at - rotate_at)
@@ -100,7 +100,7 @@ def test_the_green_pod_carries_the_node_nic_in_both_cni_modes(
 
         # The marks, on the wire, with job-b green now.
         sniffer = _sniff(node, seconds=1.5)
-        sink_result(_sink(node, targets, 2.0, interval), timeout=15)
+        sink_result(start_sink_in(node.peer_ns, targets, 2.0, interval), timeout=15)
         wire = _sniffed(sniffer)
     finally:
         for server in servers:
@@ -144,13 +144,6 @@ def test_the_green_pod_carries_the_node_nic_in_both_cni_modes(
     marked = counts.get(DEFAULT_BAND_DSCP[0], 0) + counts.get(DEFAULT_BAND_DSCP[1], 0)
     assert counts and marked >= 0.99 * sum(counts.values()), (node.mode, counts)
     assert counts.get(DEFAULT_BAND_DSCP[0], 0) > counts.get(DEFAULT_BAND_DSCP[1], 0)
-
-
-def _sink(
-    node: PodNode, targets: list[str], seconds: float, interval: float, link_dev: str | None = None
-) -> subprocess.Popen[str]:
-    command = traffic.sink_command(targets, seconds, interval, link_dev)
-    return subprocess.Popen(in_ns(node.peer_ns, *command), stdout=subprocess.PIPE, text=True)
 
 
 def _tcp_and_tc_state(node: PodNode) -> str:
