@@ -17,8 +17,9 @@ from tensorlights.testbed import netns, traffic
 # above what each test asked of the reads before (85-90% of the link in payload: 89-95% on
 # the wire, 1398-1448 payload bytes in 1514; 70% in the pods' agent test).
 LINK_BUSY = 0.95
-# With the agent moving the light every 2 s, a steady slot is next to a move, where the newly
-# green flow ramps up: beside four busy loops such slots carried 0.877-1.0 of the link.
+# A slot next to a move of the light, where the newly green flow ramps up: with the agent
+# moving it every 2 s (every steady slot), 0.877-1.0 of the link beside four busy loops; the
+# first slot after the shaper tests' one move, 0.926 once in CI (routed pods, 99d5f32).
 LINK_BUSY_ROTATING = 0.89
 
 
