@@ -7,10 +7,13 @@ shaped at 200 Mbit: synthetic (TF_CONFIG) or a real framework's (--workload torc
 torch-rpc, tf-ps: launched as their launchers launch them, testbed/workloads.py); the agent
 runs with each of --policies. Per policy and job: iterations in the log, matched, share of
 iterations whose spread / period is within 10% or 10 ms of the truth, and the median absolute
-errors. --compute takes a list: one table block per compute time. Needs root.
+errors. --compute takes a list: one table block per compute time. --cpu-hogs N runs N busy
+loops beside (a GPU host whose data loaders keep every core busy), --agent-nice the agent at
+that niceness (the systemd unit's Nice=). Needs root.
 
     .venv/bin/python scripts/bench_telemetry.py [--iterations 30] [--model-bytes 3000000]
     .venv/bin/python scripts/bench_telemetry.py --workload torch-gloo --compute 0.02,0.15,1
+    .venv/bin/python scripts/bench_telemetry.py --workload torch-gloo --cpu-hogs 4 --agent-nice -10
 """
 
 from __future__ import annotations
@@ -58,7 +61,12 @@ def run_policy(
         )
         if policy == "fifo":  # nothing shapes the link otherwise: a plain 200 Mbit bottleneck
             netns.fifo_bottleneck(pair.a.ns, "veth-a", "200mbit")
-        agent = subprocess.Popen(pair.a.exec_args(*command), env=clean_env())
+        niceness = ["nice", "-n", str(args.agent_nice)] if args.agent_nice else []
+        agent = subprocess.Popen([*niceness, *pair.a.exec_args(*command)], env=clean_env())
+        hogs = [
+            subprocess.Popen([sys.executable, "-c", "while True: pass"])
+            for _ in range(args.cpu_hogs)
+        ]
         jobs: dict[str, RunningJob] = {}
         try:
             end = time.monotonic() + 20
@@ -75,6 +83,9 @@ def run_policy(
                 jobs[job.job] = job
             truths, measured = collect_iterations(lambda: status(sock), jobs)
         finally:
+            for process in hogs:
+                process.kill()
+                process.wait()
             for running in jobs.values():
                 running.kill()
             agent.terminate()
@@ -110,9 +121,12 @@ def main() -> None:
     parser.add_argument("--policies", default="fifo,rotate")
     parser.add_argument("--sample-interval", default="100ms")
     parser.add_argument("--verbose", action="store_true", help="every iteration, side by side")
+    parser.add_argument("--cpu-hogs", type=int, default=0, help="busy loops beside, at nice 0")
+    parser.add_argument("--agent-nice", type=int, default=0, help="the agent's niceness")
     args = parser.parse_args()
     print(
-        f"{args.workload}, {args.model_bytes} B model, 3 workers per job\n\n"
+        f"{args.workload}, {args.model_bytes} B model, 3 workers per job, "
+        f"{args.cpu_hogs} busy loops beside, the agent at nice {args.agent_nice}\n\n"
         "| policy | compute | job | iterations | matched | spread within 10%/10 ms | period within"
         " 10%/10 ms | median abs error spread / period ms |"
     )
