@@ -759,3 +759,31 @@ def test_a_deadline_shrugs_off_one_short_reading_of_the_period() -> None:
     assert guard.slack["b"] == pytest.approx(40.0 - 4.0 - 34 * 0.5)
     guard.update(4.5, {"a": load(0.3, 0.2, 9), "b": load(0.3, 0.15, 7)}, jobs, None, {"b": 40})
     assert guard.slack["b"] == pytest.approx(2 * 40 * 0.45 - 4.5 - 33 * 0.45)
+
+
+def test_two_jobs_past_their_deadlines_take_turns_least_slack_first() -> None:
+    # a and b declare 40 iterations of P = 0.5 s (deadline 40 s from their first push at 0 s,
+    # at 2x) and cannot share the link (demand 0.6 each); the one promoted completes 2
+    # iterations a second, the other none. Both are due past 17.3 s; a (first by name) goes
+    # first, and holds its turn (slack 2 s) until b's slack, falling a second a second, is
+    # SLACK_SWAP_S below it: at 22 s (-2 s). Then b holds it until a's is 3 s below b's
+    # (-2 s): at 30 s (-6 s). Held to its end, a would have ended at 38 s and b at 58 s;
+    # turn by turn, a ends at 54 s: here, where the one waiting fills no gaps, the turns buy
+    # nothing (SLACK_SWAP_S says where they do).
+    guard = StarvationGuard(max_slowdown=2.0, window_s=100.0)
+    jobs = {"a", "b"}
+    done = dict.fromkeys(jobs, 0)
+    turns: list[tuple[int, str]] = []
+    for t in range(0, 70):
+        for job in guard.promoted:
+            done[job] += 2
+        if min(done.values()) >= 40:
+            break
+        present = {job for job in jobs if done[job] < 40}
+        loads = {job: load(0.3, 0.2, done[job]) for job in present}
+        guard.update(float(t), loads, present, dict.fromkeys(present, 0.0), {"a": 40, "b": 40})
+        assert len(guard.promoted) <= 1
+        green = next(iter(guard.promoted), None)
+        if green is not None and (not turns or turns[-1][1] != green):
+            turns.append((t, green))
+    assert turns[:3] == [(18, "a"), (22, "b"), (30, "a")]
