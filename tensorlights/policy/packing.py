@@ -121,7 +121,10 @@ where held to its end, the first ended early and the other ran its last seconds 
 demand (the simulator's m3 under the controller: j3 ended at 2.03x, j1 at 2.21x after 5.7 s
 alone on `ps`; swapped once, 2.17x and 2.16x). The margin keeps the light from trading
 places at every update: the one waiting loses slack at most as fast as time passes, the one
-green hardly any, so a swap back comes 2 x 3 s later at the earliest."""
+green hardly any, so a swap back comes 2 x 3 s later at the earliest. Not between jobs
+judged by their lag: turns there (by allowance less lag) shared the light among every
+overdue job, and the simulator's f, r2 and c1 at `--scale 3` took 5-7% more average JCT, c2 18%
+(docs/benchmarks.md)."""
 SIBLINGS_AT = 0.9
 """A job waiting for its siblings here keeps waiting while its remaining standalone time,
 once they end, is within this share of the time then left to its deadline
