@@ -121,7 +121,10 @@ where held to its end, the first ended early and the other ran its last seconds 
 demand (the simulator's m3 under the controller: j3 ended at 2.03x, j1 at 2.21x after 5.7 s
 alone on `ps`; swapped once, 2.17x and 2.16x). The margin keeps the light from trading
 places at every update: the one waiting loses slack at most as fast as time passes, the one
-green hardly any, so a swap back comes 2 x 3 s later at the earliest. Not between jobs
+green hardly any, so a swap back comes 2 x 3 s later at the earliest. Within 6 s of the
+held job's end the margin is half its remaining standalone time: held to 3 s there, the last
+swap left the other up to 3 s later than it (m3 declared on the testbed: j1 ended 2.6-3.0 s
+after j3 in three runs of three, 2.23x against j3's 2.12x). Not between jobs
 judged by their lag: turns there (by allowance less lag) shared the light among every
 overdue job, and the simulator's f, r2 and c1 at `--scale 3` took 5-7% more average JCT, c2 18%
 (docs/benchmarks.md)."""
@@ -479,6 +482,7 @@ class StarvationGuard:
         self.effective_bound = self.feasible_bound(loads, jobs)
         candidates: dict[str, float] = {}
         waiting: set[str] = set()
+        left_to_do: dict[str, float] = {}  # a deadline-judged job's remaining standalone s
         self.lags, self.spans, self.slack = {}, {}, {}
         for job in sorted(jobs):  # ties among the most behind: by name, not by hash order
             if started is not None and job in started:
@@ -515,6 +519,7 @@ class StarvationGuard:
             ):
                 remaining, left = self.remaining(job, now, load, total)
                 self.slack[job] = left - remaining
+                left_to_do[job] = remaining
                 if job in self.promoted or remaining > DEADLINE_AT * left:
                     candidates[job] = lag
                 continue
@@ -534,7 +539,8 @@ class StarvationGuard:
         # first. Only as many as fit on the link together are promoted: more would just
         # share the link and all stay behind. A job never measured counts as a whole link.
         # A held job promoted by its deadline gives its turn to one whose slack fell
-        # SLACK_SWAP_S below its own and cannot share the link with it.
+        # SLACK_SWAP_S below its own (half its remaining time, if less) and cannot share the
+        # link with it.
         demands = {job: loads[job].demand if job in loads else 1.0 for job in candidates}
         held = [job for job in self.promoted if job in candidates]
         overdue = sorted(
@@ -545,10 +551,11 @@ class StarvationGuard:
         for job in list(held):
             if job not in self.slack:
                 continue
+            margin = min(SLACK_SWAP_S, left_to_do[job] / 2)
             passing = [
                 other
                 for other in overdue
-                if self.slack[other] < self.slack[job] - SLACK_SWAP_S
+                if self.slack[other] < self.slack[job] - margin
                 and demands[job] + demands[other] > 1.0
             ]
             if passing:

@@ -767,17 +767,21 @@ def test_two_jobs_past_their_deadlines_take_turns_least_slack_first() -> None:
     # iterations a second, the other none. Both are due past 17.3 s; a (first by name) goes
     # first, and holds its turn (slack 2 s) until b's slack, falling a second a second, is
     # SLACK_SWAP_S below it: at 22 s (-2 s). Then b holds it until a's is 3 s below b's
-    # (-2 s): at 30 s (-6 s). Held to its end, a would have ended at 38 s and b at 58 s;
-    # turn by turn, a ends at 54 s: here, where the one waiting fills no gaps, the turns buy
-    # nothing (SLACK_SWAP_S says where they do).
+    # (-2 s): at 30 s (-6 s). From 45 s the one held is within 6 s of its end, and the margin
+    # is half what it has left: the turns shorten, and the two end a second apart (57 and 58
+    # s; with the margin held to 3 s, 54 and 58 s). Held to its end, a would have ended at
+    # 38 s and b at 58 s: here, where the one waiting fills no gaps, the turns do not move
+    # the last end (SLACK_SWAP_S says where they do).
     guard = StarvationGuard(max_slowdown=2.0, window_s=100.0)
     jobs = {"a", "b"}
     done = dict.fromkeys(jobs, 0)
+    ended: dict[str, int] = {}
     turns: list[tuple[int, str]] = []
     for t in range(0, 70):
         for job in guard.promoted:
             done[job] += 2
-        if min(done.values()) >= 40:
+        ended.update((job, t) for job in jobs if done[job] >= 40 and job not in ended)
+        if len(ended) == len(jobs):
             break
         present = {job for job in jobs if done[job] < 40}
         loads = {job: load(0.3, 0.2, done[job]) for job in present}
@@ -786,4 +790,7 @@ def test_two_jobs_past_their_deadlines_take_turns_least_slack_first() -> None:
         green = next(iter(guard.promoted), None)
         if green is not None and (not turns or turns[-1][1] != green):
             turns.append((t, green))
-    assert turns[:3] == [(18, "a"), (22, "b"), (30, "a")]
+    assert turns == [
+        (18, "a"), (22, "b"), (30, "a"), (38, "b"), (45, "a"), (50, "b"), (54, "a"), (57, "b")
+    ]  # fmt: skip
+    assert ended == {"a": 57, "b": 58}
