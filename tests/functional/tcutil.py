@@ -6,6 +6,7 @@ from __future__ import annotations
 import json
 import re
 import subprocess
+from collections.abc import Sequence
 from typing import Any
 
 from tensorlights.testbed import netns, traffic
@@ -21,6 +22,27 @@ LINK_BUSY = 0.95
 # moving it every 2 s (every steady slot), 0.877-1.0 of the link beside four busy loops; the
 # first slot after the shaper tests' one move, 0.926 once in CI (routed pods, 99d5f32).
 LINK_BUSY_ROTATING = 0.89
+
+
+def assert_green_slots(
+    first: Sequence[int],
+    second: Sequence[int],
+    carried: Sequence[int],
+    link_bytes: float,
+    before: range,
+    after: range,
+    *context: object,
+) -> None:
+    """The one move of the light, from the `first` flow to the `second` (bytes per slot): in
+    each steady slot `before` it the first carries >= 90% of the two, in each `after` it the
+    second; and every one of them keeps the link busy (LINK_BUSY, LINK_BUSY_ROTATING in the
+    first after the move). `context` goes into each failure's message."""
+    for green, waiting, slots in ((first, second, before), (second, first, after)):
+        for slot in slots:
+            busy = LINK_BUSY_ROTATING if slot == after.start else LINK_BUSY
+            said = (*context, slot, carried, first, second)
+            assert green[slot] >= 0.9 * (green[slot] + waiting[slot]), said
+            assert carried[slot] >= busy * link_bytes, said
 
 
 def tc_json(ns: str, *args: str) -> list[dict[str, Any]]:

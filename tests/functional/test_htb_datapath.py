@@ -15,8 +15,7 @@ from tensorlights.model import NUM_BANDS, DatapathSpec, JobShaping
 from tensorlights.policy.tc_plan import FIRST_BAND_MINOR, UNMANAGED_MINOR, PutClass
 from tensorlights.testbed import netns
 from tests.functional.tcutil import (
-    LINK_BUSY,
-    LINK_BUSY_ROTATING,
+    assert_green_slots,
     htb_classes,
     root_qdisc,
     sink_result,
@@ -161,13 +160,7 @@ def test_green_job_carries_the_link_and_rotation_moves_it(
     # steady slots: skip connection start-up (first slot) and the slot of the rotation
     before = range(1, int(rotate_at / interval) - 1)
     after = range(int(rotate_at / interval) + 1, int(seconds / interval))
-    for slot in before:
-        assert a[slot] >= 0.9 * (a[slot] + b[slot]), (slot, a, b)
-        assert carried[slot] >= LINK_BUSY * link_bytes, (slot, carried, a, b)
-    for slot in after:
-        busy = LINK_BUSY_ROTATING if slot == after[0] else LINK_BUSY  # next to the move
-        assert b[slot] >= 0.9 * (a[slot] + b[slot]), (slot, a, b)
-        assert carried[slot] >= busy * link_bytes, (slot, carried, a, b)
+    assert_green_slots(a, b, carried, link_bytes, before, after)
     assert result["resets"] == 0 and not result["errors"]
 
 

@@ -29,7 +29,7 @@ from tensorlights.testbed.netns import in_ns, run
 from tensorlights.testbed.pods import Mode, PodNode, connection_rto_ms, pod_node
 
 from .holders import scan_until
-from .tcutil import LINK_BUSY, LINK_BUSY_ROTATING, sink_result, start_sink_in
+from .tcutil import assert_green_slots, sink_result, start_sink_in
 
 pytestmark = pytest.mark.root
 
@@ -123,13 +123,7 @@ def test_the_green_pod_carries_the_node_nic_in_both_cni_modes(
     after = range(int(rotate_at / interval) + 1, int(probe_at / interval) - 1)
     # Said in full when it fails: the bytes per slot, and the pods' TCP state and the node's
     # classes (drops, backlog) as they were when the workers stopped.
-    for slot in before:
-        assert a[slot] >= 0.9 * (a[slot] + b[slot]), (node.mode, slot, a, b, state)
-        assert carried[slot] >= LINK_BUSY * link_bytes, (node.mode, slot, carried, a, b, state)
-    for slot in after:
-        busy = LINK_BUSY_ROTATING if slot == after[0] else LINK_BUSY  # next to the move
-        assert b[slot] >= 0.9 * (a[slot] + b[slot]), (node.mode, slot, a, b, state)
-        assert carried[slot] >= busy * link_bytes, (node.mode, slot, carried, a, b, state)
+    assert_green_slots(a, b, carried, link_bytes, before, after, node.mode, state)
     assert result["resets"] == 0 and not result["errors"]
     # The waiting pod's flow keeps a short round trip, so a short RTO: were its first packets
     # lost when it turns green, it would sit that long silent (with 16 packets at 256 kbit,
