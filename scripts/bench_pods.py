@@ -6,12 +6,12 @@ the pods' nftables table costs.
 Per mode and repetition: two PS pods serving on the same port, found by discovery from their
 connections, the NIC shaped at --rate; the workers (in the peer node) read for --seconds
 while the light moves every --turn seconds. Reported: the green pod's share of the bytes and
-the link's use in steady 0.1 s slots; per move, how long until the new green pod carried
->= 85% of a slot and half the link, and the retransmission timeout its flow carried into the
-turn (`ss`, just before the move: a flow that loses its first packets when it turns green
-sits that long silent); per TCP congestion control of the pods (--congctl, set per route;
-several compare them). Then the rotation cost of `inet tensorlights_pods` for 2, 16 and 64
-pod jobs. Needs root.
+the link's use (what the peer's end of the NIC received) in steady 0.1 s slots; per move,
+how long until the new green pod carried >= 85% of a slot and half the link, and the
+retransmission timeout its flow carried into the turn (`ss`, just before the move: a flow
+that loses its first packets when it turns green sits that long silent); per TCP congestion
+control of the pods (--congctl, set per route; several compare them). Then the rotation cost
+of `inet tensorlights_pods` for 2, 16 and 64 pod jobs. Needs root.
 
     .venv/bin/python scripts/bench_pods.py [--repetitions 3] [--rate 200] [--seconds 30] \
         [--turn 2] [--congctl cubic,bbr]
@@ -121,8 +121,9 @@ def _measure(node: PodNode, rate: int, seconds: float, turn: float) -> Run:
         finally:
             dataplane.cleanup(node.nic)
             dataplane.close()
-    flows = json.loads(out)["flows"]
-    pods = [flows[t] for t in targets]
+    result = json.loads(out)
+    pods = [result["flows"][t] for t in targets]
+    carried = result["link"]  # what the NIC delivered: the workers' reads lag on busy cores
     slot_bytes = rate / 8 * INTERVAL
     starts = [int(at / INTERVAL) + 1 for at, _ in moves]
     total = [a + b for a, b in zip(*pods, strict=True)]
@@ -137,12 +138,12 @@ def _measure(node: PodNode, rate: int, seconds: float, turn: float) -> Run:
             continue
         green = sum(1 for s in starts if s <= i) % 2
         run.shares.append(pods[green][i] / total[i] if total[i] else 0.0)
-        run.uses.append(total[i] / slot_bytes)
+        run.uses.append(carried[i] / slot_bytes)
     return run
 
 
 def _sink(node: PodNode, targets: list[str], seconds: float) -> subprocess.Popen[str]:
-    command = traffic.sink_command(targets, seconds, INTERVAL)
+    command = traffic.sink_command(targets, seconds, INTERVAL, link_dev=node.nic)
     return subprocess.Popen(netns.in_ns(node.peer_ns, *command), stdout=subprocess.PIPE, text=True)
 
 
