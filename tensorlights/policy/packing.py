@@ -307,7 +307,8 @@ class StarvationGuard:
     once R > DEADLINE_AT x (deadline - now) and stays promoted until it ends: green, R and
     the time left shrink alike, so the same rule would release it at once and promote it
     again as soon as it waited. (Unless another job promoted by its deadline, which cannot
-    share the link with it, has SLACK_SWAP_S less slack: that one goes first.) P is the
+    share the link with it, has SLACK_SWAP_S less slack, or half R if less: that one goes
+    first.) P is the
     shortest JobLoad.deadline_period_s the job has read so far (from its MEASURED_AFTER-th
     iteration on, and the latest one): waiting only
     lengthens the reading, and its slack moves by N x (F - 1) + done times any change of P
@@ -482,7 +483,7 @@ class StarvationGuard:
         self.effective_bound = self.feasible_bound(loads, jobs)
         candidates: dict[str, float] = {}
         waiting: set[str] = set()
-        left_to_do: dict[str, float] = {}  # a deadline-judged job's remaining standalone s
+        remaining_s: dict[str, float] = {}  # of the jobs judged by their deadlines
         self.lags, self.spans, self.slack = {}, {}, {}
         for job in sorted(jobs):  # ties among the most behind: by name, not by hash order
             if started is not None and job in started:
@@ -519,7 +520,7 @@ class StarvationGuard:
             ):
                 remaining, left = self.remaining(job, now, load, total)
                 self.slack[job] = left - remaining
-                left_to_do[job] = remaining
+                remaining_s[job] = remaining
                 if job in self.promoted or remaining > DEADLINE_AT * left:
                     candidates[job] = lag
                 continue
@@ -551,7 +552,7 @@ class StarvationGuard:
         for job in list(held):
             if job not in self.slack:
                 continue
-            margin = min(SLACK_SWAP_S, left_to_do[job] / 2)
+            margin = min(SLACK_SWAP_S, remaining_s[job] / 2)
             passing = [
                 other
                 for other in overdue
