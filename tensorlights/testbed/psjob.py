@@ -83,8 +83,6 @@ def run_ps(args: argparse.Namespace) -> int:
             iteration_ends.append(time.monotonic())
     except threading.BrokenBarrierError:
         pass
-    for conn in workers:
-        conn.close()
     summary = {
         "iterations": len(iteration_ends),
         "seconds": time.monotonic() - started,
@@ -93,6 +91,12 @@ def run_ps(args: argparse.Namespace) -> int:
         "errors": [repr(exc) for exc in failures],
     }
     print(json.dumps(summary), flush=True)
+    # Past its last iteration a PS may stay, sockets open (a TensorFlow PS serves until its
+    # launcher ends it, a PS writes its checkpoint): --linger stands for that.
+    time.sleep(args.linger)
+    for conn in workers:
+        conn.close()
+    listener.close()
     return 1 if failures else 0
 
 
@@ -219,11 +223,14 @@ def start_job(
     model_bytes: int,
     iterations: int,
     compute_s: float,
+    linger_s: float = 0.0,
 ) -> RunningJob:
     """Start the PS (with its launcher's `env`, e.g. TF_CONFIG) and its workers, spread
     round-robin over `worker_hosts` (each a command prefix that runs on that host)."""
     shard = PsShard(ps_ns_args, ps_address, env)
-    return start_sharded_job([shard], worker_hosts, workers, model_bytes, iterations, compute_s)
+    return start_sharded_job(
+        [shard], worker_hosts, workers, model_bytes, iterations, compute_s, linger_s
+    )
 
 
 def start_sharded_job(
@@ -233,16 +240,27 @@ def start_sharded_job(
     shard_bytes: int,
     iterations: int,
     compute_s: float,
+    linger_s: float = 0.0,
 ) -> RunningJob:
     """Start every PS shard (each pushing `shard_bytes` to every worker per iteration) and
-    the workers, each connected to every shard."""
+    the workers, each connected to every shard; each PS stays `linger_s` past its last
+    iteration (psjob ps --linger)."""
     common = ["--model-bytes", str(shard_bytes), "--iterations", str(iterations)]
     module = [sys.executable, "-m", "tensorlights.testbed.psjob"]
     started: list[subprocess.Popen[str]] = []
     targets = []
     for shard in shards:
         ps = subprocess.Popen(
-            [*shard.ns_args, *module, "ps", "--workers", str(workers), *common],
+            [
+                *shard.ns_args,
+                *module,
+                "ps",
+                "--workers",
+                str(workers),
+                "--linger",
+                str(linger_s),
+                *common,
+            ],
             stdout=subprocess.PIPE,
             text=True,
             env=shard.env,
@@ -331,6 +349,10 @@ def main(argv: list[str] | None = None) -> int:
     sub.choices["ps"].add_argument("--bind", default="0.0.0.0")
     sub.choices["ps"].add_argument("--port", type=int, default=0)
     sub.choices["ps"].add_argument("--workers", type=int, required=True)
+    sub.choices["ps"].add_argument(
+        "--linger", type=float, default=0.0, metavar="S",
+        help="stay S seconds past the last iteration, sockets open (a checkpoint, a TF PS)",
+    )  # fmt: skip
     sub.choices["worker"].add_argument(
         "--connect", required=True, action="append", metavar="HOST:PORT", help="once per shard"
     )
