@@ -121,6 +121,9 @@ class PackView:
     waits_for_siblings: frozenset[str] = frozenset()
     """Jobs past their lag's allowance kept waiting: all the jobs here are their siblings,
     ending in time for them (packing.StarvationGuard.waits_in_time)."""
+    idle: frozenset[str] = frozenset()
+    """Measured jobs that stopped pushing and iterating (their run over while their
+    processes stay, or paused): never promoted (packing.StarvationGuard.idle)."""
 
 
 @dataclass
@@ -305,6 +308,7 @@ class BandPolicy:
             slack_s=dict(self._guard.slack),
             not_iterative=self._guard.not_iterative,
             waits_for_siblings=self._guard.waits_for_siblings,
+            idle=self._guard.idle,
             iterations_inferred=dict(self.siblings.inferred),
         )
 

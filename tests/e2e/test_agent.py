@@ -14,7 +14,7 @@ from typing import Any
 
 import pytest
 
-from tensorlights.policy.packing import MEASURE_GRACE_S
+from tensorlights.policy.packing import MEASURE_GRACE_S, PROMOTE_AT
 from tensorlights.testbed import netns, traffic
 from tensorlights.testbed.psjob import start_job, tf_job_id, tf_launcher_env
 from tensorlights.testbed.socket_holder import clean_env, start_holder
@@ -156,6 +156,48 @@ def test_a_bulk_copy_gets_no_demand_and_does_not_keep_the_light(
             if proc is not None:
                 proc.kill()
                 proc.wait()
+
+
+def test_a_job_that_stays_after_its_last_iteration_is_idle_and_not_promoted(
+    pair: netns.HostPair, agents: list[AgentProcess], tmp_path: Path
+) -> None:
+    """A training job whose PS stays past its last iteration with its sockets open (as a
+    TensorFlow PS serves until its launcher ends it, or a PS writes its checkpoint), under
+    pack with a 30 s window: its lag grows a second a second from its end, and past 12 s
+    (PROMOTE_AT of half the window) the guard promoted it, to keep its turn for as long as
+    it stayed. Now it is idle IDLE_AFTER_S after its last iteration, before its lag passes
+    the limit, and stays unpromoted past it."""
+    (tmp_path / "agent.toml").write_text('policy = "pack"\nstarvation_window = "30s"\n')
+    agent = AgentProcess(pair, tmp_path)
+    agents.append(agent)
+    agent.wait_status(lambda d: "telemetry" in d)
+    stays = tf_job_id("stays", 2)
+    job = start_job(
+        pair.a.exec_args(), [pair.b.exec_args()], pair.a.ipv4,
+        clean_env(tf_launcher_env("stays", 2)), workers=2, model_bytes=1_000_000,
+        iterations=20, compute_s=0.1, linger_s=40.0,
+    )  # fmt: skip
+    seen: list[tuple[bool, bool, bool]] = []  # (idle, past the limit, promoted) at each look
+
+    def past_the_limit(document: dict[str, Any]) -> bool:
+        pack = document["pack"]
+        if stays not in pack["lag_s"]:
+            return False
+        past = pack["lag_s"][stays] > PROMOTE_AT * pack["lag_allowed_s"][stays]
+        seen.append((stays in pack["idle"], past, stays in pack["promoted_lag_s"]))
+        return past
+
+    try:
+        agent.wait_status(past_the_limit, deadline_s=45)
+        assert job.ps.poll() is None  # still there, sockets open
+        assert not any(promoted for _, _, promoted in seen), seen
+        first_idle = next(i for i, (idle, _, _) in enumerate(seen) if idle)
+        first_past = next(i for i, (_, past, _) in enumerate(seen) if past)
+        assert first_idle < first_past and all(idle for idle, _, _ in seen[first_idle:]), seen
+        summary_line = job.ps.stdout.readline() if job.ps.stdout is not None else ""
+        assert json.loads(summary_line)["iterations"] == 20  # its run was over, all of it
+    finally:
+        job.kill()
 
 
 @pytest.mark.parametrize("events", ["on", "off"])

@@ -13,6 +13,7 @@ from tensorlights.errors import ConfigError
 from tensorlights.policy.bands import MAX_DEFER_S, BandPolicy, PolicyName
 from tensorlights.policy.packing import (
     HORIZON_WINDOWS,
+    IDLE_AFTER_S,
     MEASURE_GRACE_S,
     MEASURED_AFTER,
     SMALLER_AFTER,
@@ -219,11 +220,12 @@ def test_fits_together_is_the_prefix_under_one_link() -> None:
 def test_guard_promotes_a_starved_job_and_releases_it_when_caught_up() -> None:
     guard = StarvationGuard(max_slowdown=2.0, window_s=40.0)
     jobs = {"a", "b"}
-    # b completes nothing for 20 s while a runs at full speed (P = 0.5 s). A job younger
-    # than the window is held to the window's allowance: at 2x, 20 s of lag in 40 s; the
-    # guard acts at 0.8 of it, 16 s.
+    # b completes nothing for 20 s while a runs at full speed (P = 0.5 s), its push held in
+    # flight (busy: waiting, not idle). A job younger than the window is held to the window's
+    # allowance: at 2x, 20 s of lag in 40 s; the guard acts at 0.8 of it, 16 s.
     for t in range(0, 21):
-        guard.update(float(t), {"a": load(0.25, 0.25, 2 * t), "b": load(0.25, 0.25, 0)}, jobs)
+        loads = {"a": load(0.25, 0.25, 2 * t), "b": load(0.25, 0.25, 0, busy=True)}
+        guard.update(float(t), loads, jobs)
         assert ("b" in guard.promoted) == (t > 16), t
     assert guard.promoted["b"] == pytest.approx(20.0) and guard.effective_bound == 2.0
     # b now runs at full speed: its lag over its life stays 20 s, and the allowance grows
@@ -244,10 +246,10 @@ def test_guard_promotes_a_starved_job_and_releases_it_when_caught_up() -> None:
 def test_guard_judges_a_job_over_its_life_looking_back_at_most_the_horizon() -> None:
     guard = StarvationGuard(max_slowdown=2.0, window_s=10.0)
     assert guard.horizon_s == HORIZON_WINDOWS * 10.0
-    # a runs at full speed (P = 0.5 s) for 100 s, then completes nothing.
+    # a runs at full speed (P = 0.5 s) for 100 s, then completes nothing, its push held.
     promoted_at = None
     for t in range(0, 200):
-        guard.update(float(t), {"a": load(0.25, 0.25, 2 * min(t, 100))}, {"a"})
+        guard.update(float(t), {"a": load(0.25, 0.25, 2 * min(t, 100), busy=t >= 100)}, {"a"})
         if "a" in guard.promoted and promoted_at is None:
             promoted_at = t
     # Over its life it could wait until 0.4 x its life (t > 166 s); the horizon keeps only
@@ -270,8 +272,8 @@ def test_guard_keeps_a_promoted_job_ahead_of_later_candidates_until_released() -
             c_done += 2
         loads = {
             "a": load(0.3, 0.2, 2 * t),
-            "b": load(0.3, 0.2, b_done),
-            "c": load(0.3, 0.2, c_done),
+            "b": load(0.3, 0.2, b_done, busy=True),
+            "c": load(0.3, 0.2, c_done, busy=True),
         }
         guard.update(float(t), loads, jobs)
         if not turns or turns[-1][1] != list(guard.promoted):
@@ -347,6 +349,67 @@ def test_a_job_green_without_iterating_is_not_promoted_for_its_lag_again() -> No
     assert "x" in guard.promoted and guard.not_iterative == frozenset({"y"})
     guard.update(20.0, {"y": load(0.25, 0.25, 2)}, {"x", "y"}, {"x": 0.0, "y": 0.0}, green="y")
     assert guard.not_iterative == frozenset()
+
+
+def test_a_job_that_stopped_iterating_is_not_promoted_for_the_lag_it_gains_idling() -> None:
+    # `done` ran its 12 iterations green by 5 s and its processes stay (a TensorFlow PS
+    # serving until its launcher ends it, a checkpoint being written): its lag grows a second
+    # a second from then. `c` waits behind `a`, its push always in flight, at half its
+    # speed. Before, `done` was promoted at 17 s (12.2 s of lag against 12 allowed) and held
+    # its turn, and `c` (demands 0.55 each: both do not fit) was never promoted, past its
+    # limit for good. Idle, `done` is no candidate, and `c` is promoted once its own lag
+    # passes the limit.
+    guard = StarvationGuard(max_slowdown=2.0, window_s=30.0)
+    jobs = {"a", "c", "done"}
+    promoted: list[tuple[float, tuple[str, ...]]] = []
+    idle_from = None
+    for tenth in range(0, 1200, 5):
+        now = tenth / 10
+        pushing = tenth % 10 == 0  # a and done seen busy every other update while iterating
+        loads = {
+            "done": load(0.22, 0.18, min(int(now / 0.4), 12), busy=now < 5 and pushing),
+            "a": load(0.22, 0.18, int(now / 0.4), busy=pushing),
+            "c": load(0.22, 0.18, int(now / 0.8), busy=True),
+        }
+        guard.update(now, loads, jobs, dict.fromkeys(jobs, 0.0))
+        if not promoted or promoted[-1][1] != tuple(guard.promoted):
+            promoted.append((now, tuple(guard.promoted)))
+        if idle_from is None and guard.idle:
+            idle_from = now
+    assert promoted == [(0.0, ()), (24.5, ("c",))]
+    assert guard.idle == frozenset({"done"})
+    assert idle_from == pytest.approx(5 + IDLE_AFTER_S, abs=0.5)
+    assert guard.lags["done"] > guard.lags["c"]  # the most behind, and still not promoted
+
+
+def test_only_a_job_that_neither_pushes_nor_iterates_is_idle() -> None:
+    guard = StarvationGuard(max_slowdown=2.0, window_s=10.0)
+    jobs = {"top", "starved", "slow", "crawling"}
+    for t in range(0, 40):
+        loads = {
+            "top": load(0.5, 0.1, 2 * t, busy=True),
+            # Behind a job filling the link: no iteration done for 40 s, its push in flight.
+            "starved": load(0.3, 0.2, 1, busy=True),
+            # 6 s of compute an iteration: not busy for 6 s at a time, 3 periods allowed.
+            "slow": load(0.3, 6.0, t // 6, busy=t % 6 == 0),
+            # An iteration every 15 s, never seen in flight: once its pace is known (two
+            # counts), 3 times that pace is allowed, not 3 of its 0.5 s standalone period.
+            "crawling": load(0.3, 0.2, 1 + t // 15),
+        }
+        guard.update(float(t), loads, jobs, dict.fromkeys(jobs, 0.0))
+        assert guard.idle == (frozenset({"crawling"}) if 10 <= t < 15 else frozenset()), t
+    assert "starved" in guard.promoted
+    # slow stops: idle once 3 periods (18.9 s) have passed since it was last active (36 s),
+    # then pushes again and is judged as before.
+    for t in range(40, 60):
+        loads["slow"] = load(0.3, 6.0, 6)
+        loads["crawling"] = load(0.3, 0.2, 1 + t // 15)
+        guard.update(float(t), loads, jobs, dict.fromkeys(jobs, 0.0))
+        assert guard.idle == (frozenset({"slow"}) if t >= 36 + 18.9 else frozenset()), t
+    loads["crawling"] = load(0.3, 0.2, 5)
+    guard.update(60.0, {**loads, "slow": load(0.3, 6.0, 6, busy=True)}, jobs)
+    assert guard.idle == frozenset()
+    assert BandPolicy(PolicyName.PACK).pack_view().idle == frozenset()
 
 
 def test_a_job_is_given_the_length_of_the_latest_sibling_that_ended() -> None:
@@ -452,7 +515,7 @@ def test_guard_aims_for_a_feasible_bound_and_promotes_only_what_fits() -> None:
     # Five jobs of demand 0.5: together they need 2.5 links, so 2x cannot hold for all.
     jobs = {f"j{i}" for i in range(5)}
     for t in range(0, 21):
-        loads = {j: load(0.25, 0.25, 2 * t if j in ("j0", "j1") else 0) for j in jobs}
+        loads = {j: load(0.25, 0.25, 2 * t if j in ("j0", "j1") else 0, busy=True) for j in jobs}
         guard.update(float(t), loads, jobs)
     assert guard.effective_bound == pytest.approx(2.5)
     assert len(guard.promoted) == 2  # three are behind; two fit on the link
@@ -491,7 +554,7 @@ def test_a_job_promoted_by_its_deadline_takes_the_light_mid_push() -> None:
     jobs = {"a", "b"}
     green = []
     for t in range(0, 20):
-        loads = {"a": load(0.3, 0.2, 2 * t, busy=True), "b": load(0.3, 0.2, 0)}
+        loads = {"a": load(0.3, 0.2, 2 * t, busy=True), "b": load(0.3, 0.2, 0, busy=True)}
         plan = policy.evaluate(float(t), jobs, loads, dict.fromkeys(jobs, 0.0), declared={"b": 40})
         green.append(plan.green)
     assert green.index("b") == 18 and policy.promoted.keys() == {"b"}
@@ -499,7 +562,7 @@ def test_a_job_promoted_by_its_deadline_takes_the_light_mid_push() -> None:
     # MAX_DEFER_S.
     lagging = _pack(starvation_window_s=10.0)
     for t in range(0, 20):
-        loads = {"a": load(0.3, 0.2, 2 * t, busy=True), "b": load(0.3, 0.2, 0)}
+        loads = {"a": load(0.3, 0.2, 2 * t, busy=True), "b": load(0.3, 0.2, 0, busy=True)}
         plan = lagging.evaluate(float(t), jobs, loads, dict.fromkeys(jobs, 0.0))
         if "b" in lagging.promoted:
             break
@@ -520,7 +583,8 @@ def test_pack_promotes_a_starving_job_to_green() -> None:
     policy = _pack(starvation_window_s=20.0)
     jobs = {"a", "b"}
     for t in range(0, 12):
-        plan = policy.evaluate(float(t), jobs, {"a": load(0.2, 0.3, 2 * t), "b": load(0.2, 0.3, 0)})
+        loads = {"a": load(0.2, 0.3, 2 * t), "b": load(0.2, 0.3, 0, busy=True)}
+        plan = policy.evaluate(float(t), jobs, loads)
     assert plan.green == "b" and "b" in policy.promoted
 
 
@@ -563,14 +627,14 @@ def test_start_up_without_traffic_is_not_starvation() -> None:
     assert policy.pack_view().lag_s == {"a": 0.0, "b": 0.0}
     both = dict.fromkeys(jobs, 20.0)
     for t in range(20, 30):
-        loads = {"a": load(0.2, 0.2, 2 * (t - 20)), "b": load(0.2, 0.2, 0)}
+        loads = {"a": load(0.2, 0.2, 2 * (t - 20)), "b": load(0.2, 0.2, 0, busy=True)}
         plan = policy.evaluate(float(t), jobs, loads, both)
     assert plan.green == "a" and not policy.promoted
     assert policy.pack_view().lag_s["b"] == pytest.approx(9.0)
     # Counted as before where nothing says who started (telemetry off): b has waited 29 s.
     blind = _pack(starvation_window_s=30.0)
     for t in range(0, 30):
-        blind.evaluate(float(t), jobs, {"a": load(0.2, 0.2, t), "b": load(0.2, 0.2, 0)})
+        blind.evaluate(float(t), jobs, {"a": load(0.2, 0.2, t), "b": load(0.2, 0.2, 0, busy=True)})
     assert "b" in blind.promoted
 
 
@@ -652,7 +716,7 @@ def _deadline_run(declared: dict[str, int], window_s: float, b_first_s: int = 0)
             done += 2 if t else 0
         if "b" in guard.promoted:
             promoted_at.append(t)
-        loads = {"a": load(0.35, 0.15, 2 * t), "b": load(0.3, 0.2, done)}
+        loads = {"a": load(0.35, 0.15, 2 * t), "b": load(0.3, 0.2, done, busy=True)}
         guard.update(float(t), loads, jobs, dict.fromkeys(jobs, 0.0), declared)
         if done >= 40:
             break
@@ -784,7 +848,7 @@ def test_two_jobs_past_their_deadlines_take_turns_least_slack_first() -> None:
         if len(ended) == len(jobs):
             break
         present = {job for job in jobs if done[job] < 40}
-        loads = {job: load(0.3, 0.2, done[job]) for job in present}
+        loads = {job: load(0.3, 0.2, done[job], busy=True) for job in present}
         guard.update(float(t), loads, present, dict.fromkeys(present, 0.0), {"a": 40, "b": 40})
         assert len(guard.promoted) <= 1
         green = next(iter(guard.promoted), None)
