@@ -16,7 +16,7 @@ import pytest
 
 from tensorlights.policy.packing import MEASURE_GRACE_S, PROMOTE_AT
 from tensorlights.testbed import netns, traffic
-from tensorlights.testbed.psjob import start_job, tf_job_id, tf_launcher_env
+from tensorlights.testbed.psjob import RunningJob, start_job, tf_job_id, tf_launcher_env
 from tensorlights.testbed.socket_holder import clean_env, start_holder
 
 from ..functional.tcutil import root_qdisc, sink_result, start_sink
@@ -48,6 +48,33 @@ def ps_jobs(pair: netns.HostPair) -> Iterator[dict[str, subprocess.Popen[str]]]:
         for server in servers.values():
             server.kill()
             server.wait()
+
+
+def pack_agent(
+    pair: netns.HostPair, agents: list[AgentProcess], tmp_path: Path, window: str
+) -> AgentProcess:
+    """The agent on ns a under pack with starvation window `window`, telemetry running."""
+    (tmp_path / "agent.toml").write_text(f'policy = "pack"\nstarvation_window = "{window}"\n')
+    agent = AgentProcess(pair, tmp_path)
+    agents.append(agent)
+    agent.wait_status(lambda d: "telemetry" in d)
+    return agent
+
+
+def training_job(
+    pair: netns.HostPair,
+    tag: str,
+    model_bytes: int,
+    iterations: int,
+    compute_s: float,
+    linger_s: float = 0.0,
+) -> RunningJob:
+    """A synthetic training job (TF_CONFIG, 2 workers): its PS on ns a, its workers on b."""
+    return start_job(
+        pair.a.exec_args(), [pair.b.exec_args()], pair.a.ipv4,
+        clean_env(tf_launcher_env(tag, 2)), workers=2, model_bytes=model_bytes,
+        iterations=iterations, compute_s=compute_s, linger_s=linger_s,
+    )  # fmt: skip
 
 
 def two_jobs_known(document: dict[str, Any]) -> bool:
@@ -118,15 +145,9 @@ def test_a_bulk_copy_gets_no_demand_and_does_not_keep_the_light(
     lag is all its time and the guard promotes it (1.6 s allowed); green MEASURE_GRACE_S
     with still no iteration, it is not iterative and goes back behind the training job for
     good. Before, promoted for its ever-growing lag, it kept the light while it streamed."""
-    (tmp_path / "agent.toml").write_text('policy = "pack"\nstarvation_window = "4s"\n')
-    agent = AgentProcess(pair, tmp_path)
-    agents.append(agent)
-    agent.wait_status(lambda d: "telemetry" in d)
+    agent = pack_agent(pair, agents, tmp_path, "4s")
     training = tf_job_id("it", 2)
-    job = start_job(
-        pair.a.exec_args(), [pair.b.exec_args()], pair.a.ipv4, clean_env(tf_launcher_env("it", 2)),
-        workers=2, model_bytes=2_000_000, iterations=200, compute_s=0.2,
-    )  # fmt: skip
+    job = training_job(pair, "it", model_bytes=2_000_000, iterations=200, compute_s=0.2)
     bulk: subprocess.Popen[str] | None = None
     sink: subprocess.Popen[str] | None = None
     try:
@@ -167,16 +188,11 @@ def test_a_job_that_stays_after_its_last_iteration_is_idle_and_not_promoted(
     (PROMOTE_AT of half the window) the guard promoted it, to keep its turn for as long as
     it stayed. Now it is idle IDLE_AFTER_S after its last iteration, before its lag passes
     the limit, and stays unpromoted past it."""
-    (tmp_path / "agent.toml").write_text('policy = "pack"\nstarvation_window = "30s"\n')
-    agent = AgentProcess(pair, tmp_path)
-    agents.append(agent)
-    agent.wait_status(lambda d: "telemetry" in d)
+    agent = pack_agent(pair, agents, tmp_path, "30s")
     stays = tf_job_id("stays", 2)
-    job = start_job(
-        pair.a.exec_args(), [pair.b.exec_args()], pair.a.ipv4,
-        clean_env(tf_launcher_env("stays", 2)), workers=2, model_bytes=1_000_000,
-        iterations=20, compute_s=0.1, linger_s=40.0,
-    )  # fmt: skip
+    job = training_job(
+        pair, "stays", model_bytes=1_000_000, iterations=20, compute_s=0.1, linger_s=40.0
+    )
     seen: list[tuple[bool, bool, bool]] = []  # (idle, past the limit, promoted) at each look
 
     def past_the_limit(document: dict[str, Any]) -> bool:
