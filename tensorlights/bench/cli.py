@@ -23,7 +23,6 @@ from tensorlights.bench.scenarios import (
     FAULT_AT_S,
     FAULT_DOWN_S,
     FAULTS,
-    LEGACY,
     MAX_ORDER_JOBS,
     SCENARIOS,
     Policy,
@@ -231,8 +230,6 @@ def _plan(chosen: list[Scenario], compared: list[Policy], reps: int) -> list[Ste
         for scenario in chosen:
             policies: list[Policy | StaticOrder] = []
             for policy in compared:
-                if scenario.collective and policy in LEGACY:
-                    continue  # the PS host's tc tree alone: not defined there
                 if policy is Policy.ORDERS:
                     policies += StaticOrder.every(len(scenario.jobs))
                 else:

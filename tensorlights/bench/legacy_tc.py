@@ -8,9 +8,11 @@
 * Fair: the same tree with every job at the same priority and an equal rate (link / jobs),
   built once: per-job classes, no light.
 
-Only the PS's listening port is filtered: the prototype's launcher fixed it, and the
-synthetic PS answers its workers from it. (TensorLights itself speaks netlink and finds
-ephemeral ports by process; this module exists only to reproduce the others.)
+Filters match the source port: the PS's listening port, which the prototype's launcher
+fixed and the synthetic PS answers its workers from, and every further local port of a job
+that the benchmark's port feed finds (a real framework's ephemeral ports; on a ring's rank
+host, its gloo pairs'). (TensorLights itself speaks netlink and finds ephemeral ports by
+process; this module exists only to reproduce the others.)
 """
 
 from __future__ import annotations

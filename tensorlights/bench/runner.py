@@ -45,7 +45,7 @@ from tensorlights.bench.scenarios import (
     StaticOrder,
 )
 from tensorlights.devca import make_pki
-from tensorlights.errors import ConfigError, TransientError
+from tensorlights.errors import TransientError
 from tensorlights.model import Mode
 from tensorlights.testbed import netns
 from tensorlights.testbed.cluster import Cluster
@@ -68,7 +68,9 @@ STATUS_TRACE = "status.jsonl"
 LEGACY_PHASE_S = 5.0
 """The prototype on several PS hosts: each host's loop starts this long after the previous
 host's, as its launcher starts them one host after the other, so their 20 s rotations are
-not aligned."""
+not aligned. On a collective scenario's rank hosts they are (phase 0): a ring is slowed by
+its slowest hop, so rotations out of step would put every job behind on some host, and the
+prototype, which has no notion of rings, is given its best case there instead."""
 
 Greens = list[tuple[float, int]]
 """(Unix time, job index) of every move of a green light."""
@@ -184,15 +186,16 @@ class EveryHost:
 
 
 class LegacyTree:
-    """The baselines built with `tc` (legacy_tc) on one PS host, as the prototype runs there:
-    per-job classes for every job with a PS task on the host (`members`, the scenario's job
+    """The baselines built with `tc` (legacy_tc) on one host, as the prototype runs there:
+    per-job classes for every job with a task on the host (`members`, the scenario's job
     indices, in arrival order) from the start; a job's port filter is added when its PS
     listens, as the prototype's launcher knew its ports, and one for every further local
-    port TensorLights' discovery finds for the job (bench/port_feed.py in the PS host: real
-    frameworks send from ephemeral ports). `rotate_every_s` set: the original TL-RR, which
-    rebuilds the whole tree with the next job on top, its first rotation `phase_s` late;
-    `order` set: that fixed order (TL-One with a chosen order); neither: fair (equal
-    priorities)."""
+    port TensorLights' discovery finds for the job (bench/port_feed.py in the host: real
+    frameworks send from ephemeral ports; a ring's rank sends from its gloo pairs' ports,
+    so on a rank host, `torch_ps` False, the feed is all there is). `rotate_every_s` set:
+    the original TL-RR, which rebuilds the whole tree with the next job on top, its first
+    rotation `phase_s` late; `order` set: that fixed order (TL-One with a chosen order);
+    neither: fair (equal priorities)."""
 
     def __init__(
         self,
@@ -203,8 +206,10 @@ class LegacyTree:
         rotate_every_s: float | None,
         order: StaticOrder | None = None,
         phase_s: float = 0.0,
+        torch_ps: bool = True,
     ) -> None:
         self.name, self.host, self.ns = name, host, host.ns
+        self.torch_ps = torch_ps
         self.rate_bps, self.rotate_every_s = rate_bps, rotate_every_s
         self.members = list(members)
         self.order = order
@@ -219,6 +224,11 @@ class LegacyTree:
         self.found: queue.Queue[tuple[str, list[int]]] = queue.Queue()
         """(job, its local ports) as the port feed reports them."""
         self.feeder: subprocess.Popen[str] | None = None
+        self._lock = threading.Lock()
+        """Held by the loop's every step and by a launch's port filter."""
+        self._stopping = threading.Event()
+        self._loop = threading.Thread(target=self._run, name=f"tc-{name}", daemon=True)
+        self._failure: Exception | None = None
 
     @property
     def fair(self) -> bool:
@@ -243,10 +253,17 @@ class LegacyTree:
             first = next(i for i in self.order.order if i in self.members)
             self._greens.append((time.time(), first))
         self.feeder = subprocess.Popen(
-            self.host.exec_args(sys.executable, "-m", "tensorlights.bench.port_feed"),
+            self.host.exec_args(
+                sys.executable, "-m", "tensorlights.bench.port_feed", "--torch-ps-ranks",
+                *(["0"] if self.torch_ps else []),
+            ),
             stdout=subprocess.PIPE, text=True, env=clean_env(),
         )  # fmt: skip
         threading.Thread(target=self._read_feed, args=(self.feeder,), daemon=True).start()
+        # Its own loop, as the prototype runs one on each host: a rebuild (a `tc` process a
+        # command, ~0.4 s with a ring's ports) neither waits for other hosts' nor for the
+        # run's launches.
+        self._loop.start()
 
     def _read_feed(self, feeder: subprocess.Popen[str]) -> None:
         assert feeder.stdout is not None
@@ -255,9 +272,12 @@ class LegacyTree:
             self.found.put((str(found["job"]), [int(port) for port in found["ports"]]))
 
     def job_started(self, index: int, ports: Mapping[str, int], job: str) -> None:
-        if index in self.members and self.name in ports:
+        if index not in self.members:
+            return
+        with self._lock:
             self.index_of[job] = index
-            self._add_port(index, ports[self.name])
+            if self.name in ports:  # its PS's (or a ring's rendezvous) port, known at launch
+                self._add_port(index, ports[self.name])
 
     def _add_port(self, index: int, port: int) -> None:
         local = self.members.index(index)
@@ -265,7 +285,15 @@ class LegacyTree:
             self.ports[local].append(port)
             netns.run(["tc", "-n", self.ns, *legacy_tc.port_filter(IFNAME, port, local)])
 
-    def tick(self, now: float) -> None:
+    def _run(self) -> None:
+        try:
+            while not self._stopping.wait(POLL_S):
+                with self._lock:
+                    self._step(time.monotonic())
+        except Exception as exc:  # raised by tick, in the run's thread
+            self._failure = exc
+
+    def _step(self, now: float) -> None:
         if self.feeder is not None and self.feeder.poll() is not None:
             raise RuntimeError(f"the port feed exited with {self.feeder.returncode}")
         while not self.found.empty():
@@ -282,11 +310,20 @@ class LegacyTree:
         self.last_rebuild += self.rotate_every_s
         self._greens.append((time.time(), self.members[self.green]))
 
+    def tick(self, now: float) -> None:
+        if self._failure is not None:
+            raise RuntimeError(f"the tc loop on {self.name} failed") from self._failure
+
     def stop(self) -> int:
+        self._stopping.set()
+        if self._loop.is_alive():
+            self._loop.join()
         if self.feeder is not None and self.feeder.poll() is None:
             self.feeder.kill()
             self.feeder.wait()
         netns.run(["tc", "-n", self.ns, "qdisc", "del", "dev", IFNAME, "root"], check=False)
+        if self._failure is not None:
+            raise RuntimeError(f"the tc loop on {self.name} failed") from self._failure
         return self.rebuilds
 
     def greens(self) -> Greens:
@@ -561,15 +598,16 @@ def make_driver(
         fifos = [FifoLink(cluster.hosts[name].ns, options.rate_bps) for name in shaped]
         return fifos[0] if len(fifos) == 1 else EveryHost(fifos, fifos[0])
     if isinstance(policy, StaticOrder) or policy in LEGACY:
-        if collective:
-            raise ConfigError(f"{policy.value}: the PS hosts' tc trees, not for collective jobs")
         order = policy if isinstance(policy, StaticOrder) else None
         rotate_every_s = options.original_interval_s if policy is Policy.TL_RR_ORIGINAL else None
+        # Every job has a rank on every rank host; a PS job has its tasks on its PS hosts.
+        # A ring's hosts rotate in step (LEGACY_PHASE_S).
         trees = [
             LegacyTree(
                 name, cluster.hosts[name], options.rate_bps,
-                [i for i, hosts in enumerate(placements) if name in hosts], rotate_every_s,
-                order, phase_s=k * LEGACY_PHASE_S,
+                [i for i, hosts in enumerate(placements) if collective or name in hosts],
+                rotate_every_s, order, phase_s=0.0 if collective else k * LEGACY_PHASE_S,
+                torch_ps=not collective,
             )
             for k, name in enumerate(shaped)
         ]  # fmt: skip

@@ -129,9 +129,10 @@ COMPARED = (
     Policy.CONTROLLER_ROTATE,
 )
 LEGACY = frozenset({Policy.FAIR, Policy.TL_RR_ORIGINAL, Policy.ORDERS})
-"""Built with `tc` on each PS host, as the prototype runs: each host its own tree, loop and
-port feed, deciding alone. Not defined for collective scenarios (a rank host is no PS host:
-the prototype has no notion of it)."""
+"""Built with `tc` on each shaped host, as the prototype runs: each host its own tree, loop
+and port feed, deciding alone. The prototype shaped PS hosts only; on a collective
+scenario's rank hosts each tree classifies every rank's ports as discovery finds them (its
+gloo pairs'), the rotations in step on every host (runner.LEGACY_PHASE_S)."""
 
 
 @dataclass(frozen=True)

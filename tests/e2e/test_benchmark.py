@@ -81,21 +81,32 @@ def test_bad_arguments_are_refused_before_anything_runs(tmp_path: Path) -> None:
     assert not (tmp_path / "x").exists()
 
 
-def test_every_static_order_runs_and_the_job_on_top_finishes_first(tmp_path: Path) -> None:
+def test_every_static_order_runs_on_every_rank_host_of_a_ring(tmp_path: Path) -> None:
+    """c1 at a fifth of its size (5 iterations): two real PyTorch DDP jobs with a rank on
+    each of four hosts, under each fixed order built with the prototype's `tc` tree on every
+    host. The trees classify every rank's gloo ports as the port feed finds them: the order's
+    top job goes through first, on every host."""
+    pytest.importorskip("torch", reason="the torch extra is not installed (scripts/test.sh)")
     out = tmp_path / "orders"
     args = [
-        *BENCH, "run", "--scenarios", "a", "--policies", "orders", "--reps", "1",
+        *BENCH, "run", "--scenarios", "c1", "--policies", "orders", "--reps", "1",
         "--scale", "0.2", "--out", str(out), "--no-plots",
     ]  # fmt: skip
-    result = subprocess.run(args, capture_output=True, text=True, timeout=240)
+    result = subprocess.run(args, capture_output=True, text=True, timeout=300)
     assert result.returncode == 0, result.stdout + result.stderr
     trials = [json.loads(line) for line in (out / "trials.jsonl").read_text().splitlines()]
     by_policy = {t["policy"]: t for t in trials}
     assert set(by_policy) == {"alone", "order-1-2", "order-2-1"}
     for policy, (top, other) in (("order-1-2", ("j1", "j2")), ("order-2-1", ("j2", "j1"))):
-        jct = {job["name"]: job["jct_s"] for job in by_policy[policy]["jobs"]}
-        assert jct[top] < jct[other], (policy, jct)  # strict priority, in that order
-        assert by_policy[policy]["greens"][0][1] == top
+        trial = by_policy[policy]
+        jct = {job["name"]: job["jct_s"] for job in trial["jobs"]}
+        ended = {job["name"]: job["arrival_s"] + job["jct_s"] for job in trial["jobs"]}
+        # Strict priority, in that order: the top job ends first (1.1-2.5 s before the
+        # other in six runs, their starts within 0.55 s); unclassified, both rings would
+        # share the default class and end about together, either first.
+        assert ended[top] < ended[other] and jct[top] < jct[other], (policy, jct, ended)
+        greens = {host: [job for _, job in moves] for host, moves in trial["host_greens"].items()}
+        assert greens == {host: [top] for host in ("ps", "w1", "w2", "w3")}
     report = (out / "report.md").read_text()
     assert "| j1 > j2" in report and "best static order (every order, tc)" in report
     assert "Average JCT / the best static order's" in result.stdout

@@ -304,11 +304,15 @@ def test_collective_scenarios_put_a_rank_on_every_shaped_host() -> None:
         Scenario("t", "t", "t", (ddp, JobSpec("y", 8_000_000, 3, 0.1, 10)))
     with pytest.raises(ConfigError, match="one rank per host"):
         Scenario("t", "t", "t", (replace(ddp, workers=2),))
-    # The prototype's tc trees shape the PS host alone: not run for collective jobs; the
-    # controller's policies are.
-    steps = cli._plan([SCENARIOS["c1"]], [Policy.FIFO, Policy.TL_RR_ORIGINAL, *CONTROLLER], 1)
+    # The prototype's tc trees run on every rank host (tests/e2e/test_benchmark.py), every
+    # static order too; the controller's policies as on PS hosts.
+    steps = cli._plan(
+        [SCENARIOS["c1"]], [Policy.FIFO, Policy.TL_RR_ORIGINAL, *CONTROLLER, Policy.ORDERS], 1
+    )
     runs = [policy.value for scenario, policy, _, _, _ in steps if scenario == "c1"]
-    assert runs == ["fifo", "controller-pack", "controller-rotate"]
+    assert runs == [
+        "fifo", "tl-rr-original", "controller-pack", "controller-rotate", "order-1-2", "order-2-1"
+    ]  # fmt: skip
 
 
 def test_policies_are_reported_against_the_best_static_order() -> None:
