@@ -122,10 +122,6 @@ def _sim_job(spec: JobSpec) -> SimJob:
     )  # fmt: skip
 
 
-class UndefinedHere(ValueError):
-    """A policy that has no meaning for the scenario (the prototype's tree for rings)."""
-
-
 def driver_for(
     policy: str, scenario: Scenario, meta: Mapping[str, Any]
 ) -> tuple[Driver, Discipline]:
@@ -141,16 +137,14 @@ def driver_for(
     if policy == Policy.PACK_ITERATIONS:
         return HostPolicies(agent_policy(PolicyName.PACK, interval, window)), Discipline.PRIORITY
     if policy == "tl-rr-original":
-        if scenario.collective:
-            # As the benchmark: the prototype's tree is built on PS ports, a rank has none.
-            raise UndefinedHere(
-                f"{policy} is not defined for collective scenarios ({scenario.key})"
-            )
-        # Each PS host its own loop and period, started one host after the other.
+        # As the benchmark: each PS host its own loop and period, started one host after
+        # the other; a ring's rank hosts each a loop too, in step, with every job.
         period = float(meta.get("original_interval_s", 20.0))
-        hosts = scenario.shaped_hosts
-        phases = {host: k * LEGACY_PHASE_S for k, host in enumerate(hosts)}
-        members = {h: [job.name for job in scenario.jobs if h in job.ps_hosts] for h in hosts}
+        hosts, ring = scenario.shaped_hosts, scenario.collective
+        phases = {host: 0.0 if ring else k * LEGACY_PHASE_S for k, host in enumerate(hosts)}
+        members = {
+            h: [job.name for job in scenario.jobs if ring or h in job.ps_hosts] for h in hosts
+        }
         return PrototypeRR(members, period, phases), Discipline.PRIORITY
     if policy == Policy.CONTROLLER_PACK_ITERATIONS:
         return driver_for("controller-pack", scenario, meta)

@@ -17,7 +17,6 @@ from tensorlights.sim.calibrate import (
     SIM_ONLY,
     SIMULATED,
     Measured,
-    UndefinedHere,
     baselines,
     calibration,
     fit_tcp,
@@ -103,7 +102,7 @@ def calibrate(sources: tuple[Path, ...], fit: Path, out: Path, no_plots: bool) -
               "scenarios` lists them).")  # fmt: skip
 @click.option(
     "--policies", default="static,tl-rr-original,pack,pack-iterations", show_default=True,
-    help="Of: " + ", ".join((*SIMULATED, *SIM_ONLY)) + " (tl-rr-original: PS scenarios only).",
+    help="Of: " + ", ".join((*SIMULATED, *SIM_ONLY)) + ".",
 )  # fmt: skip
 @click.option(
     "--scale", type=float, default=1.0, show_default=True,
@@ -135,9 +134,6 @@ def scenarios(keys: str, policies: str, scale: float, sources: tuple[Path, ...])
         for policy in named:
             try:
                 runs = simulate_jobs(scenario, policy, meta, FITTED_TCP, alone, scale)
-            except UndefinedHere:
-                cells.append("-")
-                continue
             except ValueError as exc:
                 raise click.BadParameter(str(exc)) from None
             average = statistics.fmean(jct for jct, _ in runs)

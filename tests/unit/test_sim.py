@@ -265,7 +265,8 @@ def test_the_scenarios_command_prints_every_policy_of_every_scenario() -> None:
     lines = result.output.splitlines()
     assert lines[0] == "| scenario (x0.5) | static | tl-rr-original | pack | pack-iterations |"
     assert lines[2].startswith("| a | ") and lines[2].count("(") == 4
-    assert lines[3].startswith("| c1 | ") and " - |" in lines[3]  # no prototype for rings
+    # The prototype on rings too, its rank hosts rotating in step (as the benchmark runs it).
+    assert lines[3].startswith("| c1 | ") and lines[3].count("(") == 4
     unknown = CliRunner().invoke(main, ["scenarios", "--scenarios", "zz"])
     assert unknown.exit_code == 2 and "unknown scenario" in unknown.output
 
@@ -366,8 +367,20 @@ def test_rankings_count_flips_and_ties_beyond_the_spread() -> None:
 def test_unsimulated_policies_are_refused() -> None:
     with pytest.raises(ValueError, match="not simulated"):
         driver_for("orders", SCENARIOS["a"], {})
-    with pytest.raises(ValueError, match="collective"):
-        simulate(SCENARIOS["c1"], "tl-rr-original", {"rate_bps": RATE}, TcpModel())
+
+
+def test_the_prototype_runs_on_every_rank_host_of_a_ring_in_step() -> None:
+    # As the benchmark runs it: every job on each rank host, every host's rotation at once.
+    driver, _ = driver_for("tl-rr-original", SCENARIOS["c1"], {})
+    assert isinstance(driver, PrototypeRR)
+    assert driver.members == {host: ["j1", "j2"] for host in ("ps", "w1", "w2", "w3")}
+    assert set(driver.phases.values()) == {0.0}
+    # Never turning, it is TL-One's order; turning every 2 s, the rings take turns.
+    static = simulate(SCENARIOS["c1"], "static", {"rate_bps": RATE}, TcpModel())
+    never = {"rate_bps": RATE, "original_interval_s": 1000.0}
+    assert simulate(SCENARIOS["c1"], "tl-rr-original", never, TcpModel()) == static
+    often = {"rate_bps": RATE, "original_interval_s": 2.0}
+    assert simulate(SCENARIOS["c1"], "tl-rr-original", often, TcpModel()) > static * 1.1
 
 
 def test_the_synthetic_benchmark_is_simulated_within_ten_percent() -> None:
