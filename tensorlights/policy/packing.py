@@ -161,7 +161,11 @@ pushes a host cannot see in flight (the simulator's settled groups model a starv
 short pushes a minute apart): judged by its standalone period alone, such jobs on a
 simulated cluster day were taken for idle and lost their promotions (pack's average JCT
 +4.3%, the controller's p95 +23%); judged by their pace, the day is as before to the
-second (docs/benchmarks.md)."""
+second (docs/benchmarks.md). Not a ring's (JobLoad.bytes_hold_waiting False): its rank
+here blocks on a peer whose link starves it, nothing of it in flight here, and its count
+reads several iterations per all-reduce while it waits, so neither signal means it
+stopped (c2 traced: a waiting ring's count on one host stopped 23 s before its end, and
+it was taken for idle there 2 s before it)."""
 
 
 SIBLING_MATCH = 0.02
@@ -557,8 +561,11 @@ class StarvationGuard:
                 readings = self._readings_with(job, load)
                 shortest = heapq.nsmallest(2, readings.items(), key=lambda reading: reading[1])
                 self._period_readings[job] = dict(shortest)
-            if load is not None and now - self._active_at[job] >= max(
-                IDLE_AFTER_S, IDLE_PERIODS * max(load.standalone_period_s, self._pace(job))
+            if (
+                load is not None
+                and load.bytes_hold_waiting  # a ring's signals do not say it (IDLE_PERIODS)
+                and now - self._active_at[job]
+                >= max(IDLE_AFTER_S, IDLE_PERIODS * max(load.standalone_period_s, self._pace(job)))
             ):
                 idle.add(job)  # stopped or paused: not waiting for the link (IDLE_AFTER_S)
                 continue

@@ -384,7 +384,7 @@ def test_a_job_that_stopped_iterating_is_not_promoted_for_the_lag_it_gains_idlin
 
 def test_only_a_job_that_neither_pushes_nor_iterates_is_idle() -> None:
     guard = StarvationGuard(max_slowdown=2.0, window_s=10.0)
-    jobs = {"top", "starved", "slow", "crawling"}
+    jobs = {"top", "starved", "slow", "crawling", "ring"}
     for t in range(0, 40):
         loads = {
             "top": load(0.5, 0.1, 2 * t, busy=True),
@@ -395,10 +395,15 @@ def test_only_a_job_that_neither_pushes_nor_iterates_is_idle() -> None:
             # An iteration every 15 s, never seen in flight: once its pace is known (two
             # counts), 3 times that pace is allowed, not 3 of its 0.5 s standalone period.
             "crawling": load(0.3, 0.2, 1 + t // 15),
+            # A ring's rank blocked on a peer starved on another host: nothing in flight
+            # here, its count stuck, and waiting all the same.
+            "ring": replace(load(0.3, 0.2, 1), bytes_hold_waiting=False),
         }
         guard.update(float(t), loads, jobs, dict.fromkeys(jobs, 0.0))
         assert guard.idle == (frozenset({"crawling"}) if 10 <= t < 15 else frozenset()), t
-    assert "starved" in guard.promoted
+    # Neither idle, both candidates: of the two equally behind, the first by name promoted
+    # (room for one).
+    assert list(guard.promoted) == ["ring"] and guard.lags["starved"] == guard.lags["ring"]
     # slow stops: idle once 3 periods (18.9 s) have passed since it was last active (36 s),
     # then pushes again and is judged as before.
     for t in range(40, 60):
