@@ -261,8 +261,8 @@ class LegacyTree:
         )  # fmt: skip
         threading.Thread(target=self._read_feed, args=(self.feeder,), daemon=True).start()
         # Its own loop, as the prototype runs one on each host: a rebuild (a `tc` process a
-        # command, ~0.4 s with a ring's ports) neither waits for other hosts' nor for the
-        # run's launches.
+        # command, up to ~1.3 s with a ring's ports under a run's load) neither waits for
+        # other hosts' nor for the run's launches.
         self._loop.start()
 
     def _read_feed(self, feeder: subprocess.Popen[str]) -> None:
