@@ -43,6 +43,7 @@ from tensorlights.bench.scenarios import (
     JobSpec,
     Policy,
     StaticOrder,
+    prototype_hosts,
 )
 from tensorlights.devca import make_pki
 from tensorlights.errors import TransientError
@@ -65,12 +66,6 @@ STATUS_EVERY_S = 0.5
 """How often the agent's status is read for its moves of the light (it keeps its last 20)."""
 STATUS_TRACE = "status.jsonl"
 """In an agent's workdir, with RunOptions.status_traces: every status read, a line each."""
-LEGACY_PHASE_S = 5.0
-"""The prototype on several PS hosts: each host's loop starts this long after the previous
-host's, as its launcher starts them one host after the other, so their 20 s rotations are
-not aligned. On a collective scenario's rank hosts they are (phase 0): a ring is slowed by
-its slowest hop, so rotations out of step would put every job behind on some host, and the
-prototype, which has no notion of rings, is given its best case there instead."""
 
 Greens = list[tuple[float, int]]
 """(Unix time, job index) of every move of a green light."""
@@ -600,16 +595,12 @@ def make_driver(
     if isinstance(policy, StaticOrder) or policy in LEGACY:
         order = policy if isinstance(policy, StaticOrder) else None
         rotate_every_s = options.original_interval_s if policy is Policy.TL_RR_ORIGINAL else None
-        # Every job has a rank on every rank host; a PS job has its tasks on its PS hosts.
-        # A ring's hosts rotate in step (LEGACY_PHASE_S).
         trees = [
             LegacyTree(
-                name, cluster.hosts[name], options.rate_bps,
-                [i for i, hosts in enumerate(placements) if collective or name in hosts],
-                rotate_every_s, order, phase_s=0.0 if collective else k * LEGACY_PHASE_S,
-                torch_ps=not collective,
+                name, cluster.hosts[name], options.rate_bps, members, rotate_every_s, order,
+                phase_s=phase_s, torch_ps=not collective,
             )
-            for k, name in enumerate(shaped)
+            for name, members, phase_s in prototype_hosts(placements, shaped, collective)
         ]  # fmt: skip
         return trees[0] if len(trees) == 1 else EveryHost(trees, trees[0])
     controller = None

@@ -132,7 +132,30 @@ LEGACY = frozenset({Policy.FAIR, Policy.TL_RR_ORIGINAL, Policy.ORDERS})
 """Built with `tc` on each shaped host, as the prototype runs: each host its own tree, loop
 and port feed, deciding alone. The prototype shaped PS hosts only; on a collective
 scenario's rank hosts each tree classifies every rank's ports as discovery finds them (its
-gloo pairs'), the rotations in step on every host (runner.LEGACY_PHASE_S)."""
+gloo pairs'), the rotations in step on every host (prototype_hosts)."""
+LEGACY_PHASE_S = 5.0
+"""The prototype on several PS hosts: each host's loop starts this long after the previous
+host's, as its launcher starts them one host after the other, so their 20 s rotations are
+not aligned. On a collective scenario's rank hosts they are (phase 0): a ring is slowed by
+its slowest hop, so rotations out of step would put every job behind on some host, and the
+prototype, which has no notion of rings, is given its best case there instead."""
+
+
+def prototype_hosts(
+    placements: Sequence[Sequence[str]], shaped: Sequence[str], collective: bool
+) -> list[tuple[str, list[int], float]]:
+    """Where the prototype's trees run, as the benchmark and the simulator run them: each
+    shaped host, the jobs it has a class for (indices into `placements`, each job's PS
+    hosts; every job on a rank host: each has a rank there) and its first rotation's delay
+    (LEGACY_PHASE_S)."""
+    return [
+        (
+            host,
+            [i for i, hosts in enumerate(placements) if collective or host in hosts],
+            0.0 if collective else k * LEGACY_PHASE_S,
+        )
+        for k, host in enumerate(shaped)
+    ]
 
 
 @dataclass(frozen=True)

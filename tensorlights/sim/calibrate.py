@@ -25,7 +25,6 @@ from pathlib import Path
 from typing import Any
 
 from tensorlights.bench.results import Trial, alone_jct, profile_key
-from tensorlights.bench.runner import LEGACY_PHASE_S
 from tensorlights.bench.scenarios import (
     DECLARING,
     RANK_HOSTS,
@@ -33,6 +32,7 @@ from tensorlights.bench.scenarios import (
     JobSpec,
     Policy,
     Scenario,
+    prototype_hosts,
 )
 from tensorlights.controller.planner import ClusterPolicy
 from tensorlights.model import JobKind
@@ -137,14 +137,13 @@ def driver_for(
     if policy == Policy.PACK_ITERATIONS:
         return HostPolicies(agent_policy(PolicyName.PACK, interval, window)), Discipline.PRIORITY
     if policy == "tl-rr-original":
-        # As the benchmark: each PS host its own loop and period, started one host after
-        # the other; a ring's rank hosts each a loop too, in step, with every job.
+        # As the benchmark: each host its own loop and period (prototype_hosts).
         period = float(meta.get("original_interval_s", 20.0))
-        hosts, ring = scenario.shaped_hosts, scenario.collective
-        phases = {host: 0.0 if ring else k * LEGACY_PHASE_S for k, host in enumerate(hosts)}
-        members = {
-            h: [job.name for job in scenario.jobs if ring or h in job.ps_hosts] for h in hosts
-        }
+        trees = prototype_hosts(
+            [job.ps_hosts for job in scenario.jobs], scenario.shaped_hosts, scenario.collective
+        )
+        members = {host: [scenario.jobs[i].name for i in jobs] for host, jobs, _ in trees}
+        phases = {host: phase_s for host, _, phase_s in trees}
         return PrototypeRR(members, period, phases), Discipline.PRIORITY
     if policy == Policy.CONTROLLER_PACK_ITERATIONS:
         return driver_for("controller-pack", scenario, meta)
