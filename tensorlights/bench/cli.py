@@ -15,7 +15,7 @@ from typing import Any
 
 import click
 
-from tensorlights.bench import report
+from tensorlights.bench import report, traces
 from tensorlights.bench.results import Trial, alone_jct, profile_key, summarize
 from tensorlights.bench.runner import HOSTS, RunOptions, run_trial
 from tensorlights.bench.scenarios import (
@@ -37,6 +37,8 @@ from tensorlights.units import format_rate, parse_duration, parse_rate
 
 TRIALS = "trials.jsonl"
 META = "meta.json"
+STATUS = "status"
+"""Where --status-traces keeps the agents' status reads."""
 
 
 @click.group(context_settings={"help_option_names": ["-h", "--help"]})
@@ -127,7 +129,7 @@ def run(
         options = RunOptions(
             parse_rate(rate), interval, parse_duration(original_interval), starvation_window,
             fault_at_s=parse_duration(fault_at), fault_down_s=parse_duration(fault_down),
-            device=device, status_traces=out / "status" if status_traces else None,
+            device=device, status_traces=out / STATUS if status_traces else None,
         )  # fmt: skip
     except ConfigError as exc:
         raise click.UsageError(str(exc)) from None
@@ -182,6 +184,34 @@ def _recorded(meta: dict[str, Any]) -> list[Scenario]:
     """The scenarios a results folder holds, at its scale: a resumed run's report covers the
     scenarios of the runs before it too."""
     return [SCENARIOS[key].scaled(meta["scale"]) for key in meta["scenarios"]]
+
+
+@main.command(name="traces")
+@click.argument("folder", type=click.Path(path_type=Path, exists=True, file_okay=False))
+@click.option("--json", "as_json", is_flag=True, help="One JSON object per host and job.")
+def traces_command(folder: Path, as_json: bool) -> None:
+    """Per run, host and job of FOLDER (recorded with `run --status-traces`): the iterations
+    each host's agent reported against those the job's workers logged, and the median
+    period the agent measured. A count that is off is a wrong lag in that host's pack guard
+    (a ring's all-reduces split or merged); counts differing by host, hosts deciding alone
+    that disagree."""
+    status = folder / STATUS
+    if not status.is_dir():
+        raise click.UsageError(f"{status} does not exist: record with `run --status-traces`")
+    counts = traces.iteration_counts(folder / TRIALS, status)
+    if as_json:
+        for count in counts:
+            click.echo(json.dumps(vars(count)))
+        return
+    click.echo("| run | host | job | reported | logged | median period s |")
+    click.echo("|---|---|---|---:|---:|---:|")
+    for c in counts:
+        period = "-" if c.median_period_s is None else f"{c.median_period_s:.2f}"
+        logged = "-" if c.logged is None else str(c.logged)
+        click.echo(
+            f"| {c.scenario} {c.policy} {c.rep} | {c.host} | {c.job} | {c.reported} | {logged} "
+            f"| {period} |"
+        )
 
 
 @main.command()

@@ -45,6 +45,7 @@ from tensorlights.bench.scenarios import (
     StaticOrder,
     prototype_hosts,
 )
+from tensorlights.bench.traces import trace_name
 from tensorlights.devca import make_pki
 from tensorlights.errors import TransientError
 from tensorlights.model import Mode
@@ -644,7 +645,7 @@ def keep_status_traces(workdir: Path, to: Path, run: str, started_wall: float) -
     trial's moves of the light are timed."""
     to.mkdir(parents=True, exist_ok=True)
     for trace in sorted(workdir.glob(f"*/{STATUS_TRACE}")):
-        with open(to / f"{run}-{trace.parent.name}.jsonl", "w") as kept:
+        with open(to / trace_name(run, trace.parent.name), "w") as kept:
             for line in trace.read_text().splitlines():
                 read = json.loads(line)
                 kept.write(json.dumps({"at_s": read["time"] - started_wall, **read}) + "\n")

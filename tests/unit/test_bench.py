@@ -3,9 +3,11 @@ commands and the report."""
 
 from __future__ import annotations
 
+import gzip
 import itertools
 import json
 from dataclasses import replace
+from pathlib import Path
 
 import pytest
 from click.testing import CliRunner
@@ -390,3 +392,35 @@ def test_split_green_share_counts_time_a_sharded_job_is_green_on_one_host_only()
     # Without a light on one of its hosts (FIFO, fair) there is nothing to count.
     assert split_green_share(replace(trial, host_greens={"ps": lights["ps"]}), scenario) is None
     assert Trial.from_dict(json.loads(json.dumps(trial.to_dict()))) == trial
+
+
+def test_traces_count_each_hosts_reported_iterations_against_the_workers_log(
+    tmp_path: Path,
+) -> None:
+    """`bench traces`: an iteration listed by many status reads counts once; each host's
+    count stands beside the job's logged iterations; gzipped traces read the same."""
+    folder = tmp_path
+    trial = {"scenario": "c2", "policy": "controller-pack", "rep": 1,
+             "jobs": [{"name": "j1", "spreads_s": [0.0] * 3}]}  # fmt: skip
+    (folder / "trials.jsonl").write_text(json.dumps(trial) + "\n")
+    (folder / "status").mkdir()
+
+    def read(*ends: float) -> str:
+        listed = [{"last_done_monotonic": end, "period_s": 1.0 if end > 1 else None}
+                  for end in ends]  # fmt: skip
+        return json.dumps({"at_s": 0, "status": {"telemetry": {"torch/c2-j1-x-1-42": listed}}})
+
+    reads = [read(1.0), read(1.0, 2.0), read(2.0, 3.5), read(3.5, 4.0, 4.5)]
+    (folder / "status" / "c2-controller-pack-1-w1.jsonl").write_text("\n".join(reads) + "\n")
+    with gzip.open(folder / "status" / "c2-controller-pack-1-w2.jsonl.gz", "wt") as kept:
+        kept.write("\n".join(reads[:2]) + "\n")
+    shown = CliRunner().invoke(cli.main, ["traces", str(folder), "--json"])
+    assert shown.exit_code == 0, shown.output
+    rows = [json.loads(line) for line in shown.output.splitlines()]
+    assert [(r["host"], r["job"], r["reported"], r["logged"]) for r in rows] == [
+        ("w1", "j1", 5, 3),
+        ("w2", "j1", 2, 3),
+    ]
+    assert rows[0]["policy"] == "controller-pack" and rows[0]["median_period_s"] == 1.0
+    missing = CliRunner().invoke(cli.main, ["traces", str(folder / "status")])
+    assert missing.exit_code == 2 and "--status-traces" in missing.output
