@@ -198,7 +198,7 @@ def traces_command(folder: Path, as_json: bool) -> None:
     status = folder / STATUS
     if not status.is_dir():
         raise click.UsageError(f"{status} does not exist: record with `run --status-traces`")
-    counts = traces.iteration_counts(folder / TRIALS, status)
+    counts = traces.iteration_counts(_read_trials(folder), status)
     if as_json:
         for count in counts:
             click.echo(json.dumps(vars(count)))

@@ -9,9 +9,12 @@ import gzip
 import json
 import re
 import statistics
+from collections.abc import Iterable
 from dataclasses import dataclass
 from pathlib import Path
 from typing import IO
+
+from tensorlights.bench.results import Trial
 
 TRACE_NAME = re.compile(
     r"^(?P<scenario>[^-]+)-(?P<policy>.+)-(?P<rep>\d+)-(?P<host>[^-]+)\.jsonl(\.gz)?$"
@@ -44,15 +47,12 @@ def _open(path: Path) -> IO[str]:
     return gzip.open(path, "rt") if path.suffix == ".gz" else path.open()
 
 
-def _logged(trials_path: Path) -> dict[tuple[str, str, int], dict[str, int]]:
+def _logged(trials: Iterable[Trial]) -> dict[tuple[str, str, int], dict[str, int]]:
     """(scenario, policy, rep) -> each job's iterations in its workers' log."""
-    runs: dict[tuple[str, str, int], dict[str, int]] = {}
-    with trials_path.open() as trials:
-        for line in trials:
-            trial = json.loads(line)
-            key = (trial["scenario"], trial["policy"], int(trial["rep"]))
-            runs[key] = {job["name"]: len(job["spreads_s"]) for job in trial["jobs"]}
-    return runs
+    return {
+        (t.scenario, t.policy, t.rep): {job.name: len(job.spreads_s) for job in t.jobs}
+        for t in trials
+    }
 
 
 def _reported(path: Path) -> dict[str, tuple[int, float | None]]:
@@ -75,9 +75,9 @@ def _reported(path: Path) -> dict[str, tuple[int, float | None]]:
     return counts
 
 
-def iteration_counts(trials: Path, status: Path) -> list[TraceCount]:
-    """Every trace in the `status` folder, per job, with `trials` (the folder's trials.jsonl)
-    for what the workers logged."""
+def iteration_counts(trials: Iterable[Trial], status: Path) -> list[TraceCount]:
+    """Every trace in the `status` folder, per job, with the folder's `trials` for what the
+    workers logged."""
     truth = _logged(trials)
     counts = []
     for path in sorted(status.iterdir()):

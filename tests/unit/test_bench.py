@@ -400,9 +400,8 @@ def test_traces_count_each_hosts_reported_iterations_against_the_workers_log(
     """`bench traces`: an iteration listed by many status reads counts once; each host's
     count stands beside the job's logged iterations; gzipped traces read the same."""
     folder = tmp_path
-    trial = {"scenario": "c2", "policy": "controller-pack", "rep": 1,
-             "jobs": [{"name": "j1", "spreads_s": [0.0] * 3}]}  # fmt: skip
-    (folder / "trials.jsonl").write_text(json.dumps(trial) + "\n")
+    trial = _trial("controller-pack", 1, {"j1": 20.0}, scenario="c2")  # 3 iterations logged
+    (folder / "trials.jsonl").write_text(json.dumps(trial.to_dict()) + "\n")
     (folder / "status").mkdir()
 
     def read(*ends: float) -> str:
