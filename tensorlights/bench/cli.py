@@ -119,7 +119,9 @@ def run(
     no_plots: bool,
 ) -> None:
     """Run every scenario under every policy, REPS times, plus each job profile alone; then
-    write the report. Needs root (network namespaces). Records each run as it ends."""
+    write the report. Needs root (network namespaces), and a machine left to it: each run
+    also reads the CPU that other processes take meanwhile, and warns from 0.1 cores (its
+    figures measure that load too). Records each run as it ends."""
     logging.basicConfig(level=logging.WARNING, format="%(levelname)s %(message)s")
     try:
         chosen = [s.scaled(scale) for s in select(scenarios)]
@@ -319,7 +321,7 @@ def _write_report(out: Path, chosen: list[Scenario], no_plots: bool) -> None:
         plots = {} if no_plots else report.plot(summaries, out, trials)
     except ConfigError as exc:
         raise click.ClickException(str(exc)) from None
-    (out / "report.md").write_text(report.markdown(summaries, meta, plots))
+    (out / "report.md").write_text(report.markdown(summaries, meta, plots, trials))
     click.echo(f"report: {out / 'report.md'}")
     for line in report.summary_table(summaries):
         click.echo(line)

@@ -7,6 +7,7 @@ from pathlib import Path
 from typing import Any
 
 from tensorlights.bench import bound
+from tensorlights.bench.other_work import DISTURBED_AT
 from tensorlights.bench.results import PolicySummary, ScenarioSummary, Trial
 from tensorlights.bench.scenarios import StaticOrder
 from tensorlights.errors import ConfigError
@@ -196,8 +197,37 @@ def scenario_section(
     return [*lines, ""]
 
 
+def other_work_section(trials: Sequence[Trial]) -> list[str]:
+    """How much CPU other work on the machine took during the runs, and the runs it
+    disturbed (results.Trial.disturbed); nothing for runs recorded before it was read."""
+    measured = [t for t in trials if t.other_cores is not None]
+    if not measured:
+        return []
+    worst = max(t.other_cores or 0.0 for t in measured)
+    lines = [
+        "## Other work beside the runs",
+        "",
+        f"Processes that were not the bench's took at most {worst:.2f} cores during a run "
+        f"(their average over the run; {len(measured)} of {len(trials)} runs read). From "
+        f"{DISTURBED_AT:g} cores a run is marked disturbed: its figures measure that load "
+        "too, and it should be rerun on a machine left to it.",
+        "",
+    ]
+    disturbed = [t for t in measured if t.disturbed]
+    if not disturbed:
+        return [*lines, "No run was disturbed.", ""]
+    lines += ["| run | other work, cores | avg JCT s |", "|---|---:|---:|"]
+    for t in disturbed:
+        jct = sum(job.jct_s for job in t.jobs) / len(t.jobs)
+        lines.append(f"| {t.scenario} {t.policy} {t.rep} | {t.other_cores:.2f} | {jct:.2f} |")
+    return [*lines, ""]
+
+
 def markdown(
-    summaries: Sequence[ScenarioSummary], meta: dict[str, Any], plots: dict[str, str]
+    summaries: Sequence[ScenarioSummary],
+    meta: dict[str, Any],
+    plots: dict[str, str],
+    trials: Sequence[Trial] = (),
 ) -> str:
     gpu_note = (
         "PyTorch workers compute on the GPU (--device cuda; the compute time pads each step). "
@@ -238,6 +268,7 @@ def markdown(
         ]
     if "overview" in plots:
         lines += [f"![overview]({plots['overview']})", ""]
+    lines += other_work_section(trials)
     lines += [
         "## Lower bound",
         "",

@@ -9,6 +9,7 @@ from dataclasses import asdict, dataclass, field
 from typing import Any
 
 from tensorlights.bench.bound import link_seconds, lower_bound_avg_jct
+from tensorlights.bench.other_work import DISTURBED_AT
 from tensorlights.bench.scenarios import JobSpec, Scenario, StaticOrder
 
 
@@ -52,10 +53,18 @@ class Trial:
     events: tuple[tuple[float, str], ...] = ()
     """A fault run's (runner.Faulted): what was done and what the agents did about it,
     seconds after the run started."""
+    other_cores: float | None = None
+    """CPU other work on the machine took during the run, in cores on average (processes
+    not the bench's: other_work.OtherWork); None for runs recorded before it was read."""
 
     @property
     def light_moves(self) -> int:
         return max(len(self.greens) - 1, 0)
+
+    @property
+    def disturbed(self) -> bool:
+        """Other work took enough of the machine's CPU that the run measured it too."""
+        return self.other_cores is not None and self.other_cores >= DISTURBED_AT
 
     @property
     def utilisation(self) -> float:

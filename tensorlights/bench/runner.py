@@ -28,6 +28,7 @@ from typing import Protocol
 
 from tensorlights.agent.status import read_status, read_status_document, status_of
 from tensorlights.bench import legacy_tc
+from tensorlights.bench.other_work import OtherWork
 from tensorlights.bench.results import JobRun, Trial
 from tensorlights.bench.scenarios import (
     CONTROLLER_HOST,
@@ -687,6 +688,8 @@ def run_trial(
         if kind.start_up_s > 0
     )  # fmt: skip
     start_ups = [workload.start_up_s * start_up_factor(processes) for workload in workloads]
+    other_work = OtherWork()
+    other_work.sample(time.monotonic())
     try:
         driver.start()
         tx_before = _tx_bytes(measured)
@@ -721,7 +724,9 @@ def run_trial(
                     index, dict(zip(spec.ps_hosts, ports, strict=True)), running[index].job
                 )
             driver.tick(now)
+            other_work.tick(now)
             time.sleep(POLL_S)
+        other_work.sample(time.monotonic())
         runs = []
         for index, job in sorted(running.items()):
             received = job.received(timeout=60)
@@ -759,11 +764,17 @@ def run_trial(
         scenario, policy.value, rep, options.rate_bps, tuple(runs), tx_after - tx_before,
         last - first, rebuilds, profile, named(driver.greens()),
         {host: named(moves) for host, moves in host_greens.items()}, len(measured),
-        tuple(driver.events) if isinstance(driver, Faulted) else (),
+        tuple(driver.events) if isinstance(driver, Faulted) else (), other_work.cores(),
     )  # fmt: skip
     log.info(
         "%s %s rep %d: avg JCT %.2f s, link %.0f%%",
         scenario, policy.value, rep, statistics.mean(r.jct_s for r in runs),
         trial.utilisation * 100,
     )  # fmt: skip
+    if trial.disturbed:
+        log.warning(
+            "%s %s rep %d: other work on this machine took %.2f cores during the run "
+            "(processes not the bench's): its figures measure that load too",
+            scenario, policy.value, rep, trial.other_cores,
+        )  # fmt: skip
     return trial

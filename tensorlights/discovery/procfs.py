@@ -54,12 +54,19 @@ class ProcKey:
     start_ticks: int
 
 
+PF_KTHREAD = 0x00200000
+"""The kernel's flag (in /proc/PID/stat) of its own threads."""
+
+
 @dataclass(frozen=True, slots=True)
 class ProcStat:
     key: ProcKey
     comm: str
     ppid: int
     zombie: bool
+    cpu_ticks: int = 0
+    """utime + stime, in clock ticks (ProcFs.ticks_per_second)."""
+    kernel_thread: bool = False
 
 
 class ProcFs:
@@ -91,6 +98,8 @@ class ProcFs:
             comm=text[open_paren + 1 : close_paren].decode(errors="replace"),
             ppid=int(fields[1]),
             zombie=fields[0] in (b"Z", b"X"),
+            cpu_ticks=int(fields[11]) + int(fields[12]),
+            kernel_thread=bool(int(fields[6]) & PF_KTHREAD),
         )
 
     def create_time(self, key: ProcKey) -> float:

@@ -52,6 +52,7 @@ def test_a_quick_benchmark_runs_every_policy_and_writes_the_report(tmp_path: Pat
         for job in trial["jobs"]:
             assert job["jct_s"] > 0 and len(job["spreads_s"]) == 5
         assert trial["link_bytes"] >= sum(4_000_000 * 2 * 5 for _ in trial["jobs"])
+        assert trial["other_cores"] is not None and trial["other_cores"] >= 0  # it was read
     assert by_policy["tl-rr-original"]["rebuilds"] >= 1  # it rebuilt its qdisc with tc
     # Every move of the light is recorded: the prototype's at each rebuild, the agent's from
     # its status; the 500 ms rotation moves it several times among the three jobs.
@@ -61,6 +62,7 @@ def test_a_quick_benchmark_runs_every_policy_and_writes_the_report(tmp_path: Pat
     assert by_policy["fifo"]["greens"] == []
     report = (out / "report.md").read_text()
     assert "Lower bound on average JCT" in report and "| TL-RR original (tc rebuild) |" in report
+    assert "## Other work beside the runs" in report
     assert (out / "overview.png").stat().st_size > 0 and (out / "scenario_b.png").exists()
     assert "TensorLights rotate" in result.stdout  # the summary table is printed
 
