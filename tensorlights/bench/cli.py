@@ -101,6 +101,12 @@ def main() -> None:
     "the starvation guard's lags and slack, the bands), with at_s, seconds from the jobs' "
     "start as the report times the light. To see why a policy did what it did.",
 )  # fmt: skip
+@click.option(
+    "--rerun-disturbed", is_flag=True,
+    help="Resuming, run again the runs recorded with other work beside them (listed under "
+    "'Other work beside the runs' in the report). Their earlier records stay in "
+    "trials.jsonl; a run's latest record is the one reported.",
+)  # fmt: skip
 @click.option("--no-plots", is_flag=True, help="Markdown only (no matplotlib).")
 def run(
     scenarios: str,
@@ -116,6 +122,7 @@ def run(
     scale: float,
     out: Path,
     status_traces: bool,
+    rerun_disturbed: bool,
     no_plots: bool,
 ) -> None:
     """Run every scenario under every policy, REPS times, plus each job profile alone; then
@@ -153,10 +160,16 @@ def run(
         "machine": f"{platform.node()}, {os.cpu_count()} CPUs, Linux {platform.release()}",
     }
     out.mkdir(parents=True, exist_ok=True)
-    done = _resume(out, meta)
+    recorded = _resume(out, meta)
     plan = _plan(chosen, compared, reps)
-    todo = [step for step in plan if _key(*step[:3]) not in done]
-    click.echo(f"{len(plan)} runs ({len(plan) - len(todo)} already recorded) -> {out}")
+    keys = [_key(*step[:3]) for step in plan]
+    again = {key for key in keys if rerun_disturbed and key in recorded and recorded[key].disturbed}
+    todo = [
+        step for step, key in zip(plan, keys, strict=True) if key not in recorded.keys() - again
+    ]
+    rerun = f", {len(again)} of them disturbed, run again" if rerun_disturbed else ""
+    already = sum(key in recorded for key in keys)
+    click.echo(f"{len(plan)} runs ({already} already recorded{rerun}) -> {out}")
     began = time.monotonic()
     with cluster(HOSTS) as testbed, tempfile.TemporaryDirectory() as tmp:
         for number, (scenario, policy, rep, scenario_obj, jobs) in enumerate(todo, 1):
@@ -273,7 +286,7 @@ def _plan(chosen: list[Scenario], compared: list[Policy], reps: int) -> list[Ste
     return steps
 
 
-def _resume(out: Path, meta: dict[str, Any]) -> set[tuple[str, str, int]]:
+def _resume(out: Path, meta: dict[str, Any]) -> dict[tuple[str, str, int], Trial]:
     """Runs already recorded in `out` with the same settings; refuse a folder with others."""
     meta_path = out / META
     if meta_path.exists():
@@ -296,15 +309,20 @@ def _resume(out: Path, meta: dict[str, Any]) -> set[tuple[str, str, int]]:
         ]
         meta["reps"] = max(old["reps"], meta["reps"])
     meta_path.write_text(json.dumps(meta, indent=2) + "\n")
-    return {(t.scenario, t.policy, t.rep) for t in _read_trials(out)}
+    return {(t.scenario, t.policy, t.rep): t for t in _read_trials(out)}
 
 
 def _read_trials(out: Path) -> list[Trial]:
-    """The runs recorded in `out` so far (one JSON line each)."""
+    """The runs recorded in `out` so far (one JSON line each), each run's latest record
+    only: a run recorded again (`run --rerun-disturbed`) supersedes its earlier one."""
     if not (out / TRIALS).exists():
         return []
-    lines = (out / TRIALS).read_text().splitlines()
-    return [Trial.from_dict(json.loads(line)) for line in lines if line]
+    latest: dict[tuple[str, str, int], Trial] = {}
+    for line in (out / TRIALS).read_text().splitlines():
+        if line:
+            trial = Trial.from_dict(json.loads(line))
+            latest[(trial.scenario, trial.policy, trial.rep)] = trial
+    return list(latest.values())
 
 
 def _write_report(out: Path, chosen: list[Scenario], no_plots: bool) -> None:

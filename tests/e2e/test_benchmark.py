@@ -68,6 +68,17 @@ def test_a_quick_benchmark_runs_every_policy_and_writes_the_report(tmp_path: Pat
 
     again = subprocess.run(args, capture_output=True, text=True, timeout=60)
     assert again.returncode == 0 and "5 runs (5 already recorded)" in again.stdout
+    # A run recorded as disturbed (other work beside it) is run again on asking, and its new
+    # record is the one reported; the old ones stay.
+    with open(out / "trials.jsonl", "a") as trials_file:
+        trials_file.write(json.dumps({**by_policy["fifo"], "other_cores": 0.5}) + "\n")
+    rerun = subprocess.run([*args, "--rerun-disturbed"], capture_output=True, text=True,
+                           timeout=120)  # fmt: skip
+    assert rerun.returncode == 0, rerun.stdout + rerun.stderr
+    assert "5 runs (5 already recorded, 1 of them disturbed, run again)" in rerun.stdout
+    lines = [json.loads(line) for line in (out / "trials.jsonl").read_text().splitlines()]
+    assert len(lines) == 7 and (lines[-1]["policy"], lines[-1]["rep"]) == ("fifo", 0)
+    assert lines[-1]["other_cores"] != 0.5
     other = subprocess.run([*args[:-2], "--rate", "100mbit", "--out", str(out)],
                            capture_output=True, text=True, timeout=60)  # fmt: skip
     assert other.returncode != 0 and "other settings" in other.stderr

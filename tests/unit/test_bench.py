@@ -437,3 +437,13 @@ def test_runs_with_other_work_beside_them_are_marked_and_listed_in_the_report() 
     assert not any("t pack 0" in line for line in section)
     assert report.other_work_section([old]) == []
     assert "No run was disturbed." in report.other_work_section([quiet])
+
+
+def test_a_run_recorded_again_supersedes_its_earlier_record(tmp_path: Path) -> None:
+    """`run --rerun-disturbed` appends a run's new record: the latest is the one read."""
+    first = replace(_trial("pack", 0, {"j1": 20.0}), other_cores=0.9)
+    other = _trial("fifo", 0, {"j1": 30.0})
+    again = replace(first, other_cores=0.0, jobs=_trial("pack", 0, {"j1": 10.0}).jobs)
+    records = [first, other, again]
+    (tmp_path / "trials.jsonl").write_text("".join(json.dumps(t.to_dict()) + "\n" for t in records))
+    assert cli._read_trials(tmp_path) == [again, other]
