@@ -2,12 +2,13 @@
 
 from __future__ import annotations
 
+import statistics
 from collections.abc import Callable, Sequence
 from pathlib import Path
 from typing import Any
 
 from tensorlights.bench import bound
-from tensorlights.bench.other_work import DISTURBED_AT
+from tensorlights.bench.cpu_use import CPU_BOUND_AT, DISTURBED_AT
 from tensorlights.bench.results import PolicySummary, ScenarioSummary, Trial
 from tensorlights.bench.scenarios import StaticOrder
 from tensorlights.errors import ConfigError
@@ -197,20 +198,42 @@ def scenario_section(
     return [*lines, ""]
 
 
-def other_work_section(trials: Sequence[Trial]) -> list[str]:
-    """How much CPU other work on the machine took during the runs, and the runs it
-    disturbed (results.Trial.disturbed); nothing for runs recorded before it was read."""
+def cpu_section(trials: Sequence[Trial]) -> list[str]:
+    """The CPU the runs' own processes took, per scenario (how CPU-bound its runs were), and
+    what other work on the machine took and the runs it disturbed (results.Trial.disturbed);
+    nothing for runs recorded before the CPU was read."""
     measured = [t for t in trials if t.other_cores is not None]
     if not measured:
         return []
-    worst = max(t.other_cores or 0.0 for t in measured)
     lines = [
-        "## Other work beside the runs",
+        "## The machine's CPU during the runs",
         "",
-        f"Processes that were not the bench's took at most {worst:.2f} cores during a run "
-        f"(their average over the run; {len(measured)} of {len(trials)} runs read). From "
-        f"{DISTURBED_AT:g} cores a run is marked disturbed: its figures measure that load "
-        "too, and it should be rerun on a machine left to it.",
+        "Cores the runs' own processes (the bench, agents, controller, jobs) used, on average "
+        "over each run, of the machine's: from "
+        f"{CPU_BOUND_AT:.0%} of them a run is CPU-bound, and it compares CPU schedules as "
+        "much as link schedules.",
+        "",
+        "| runs | own cores, median | largest | of | CPU-bound runs |",
+        "|---|---:|---:|---:|---:|",
+    ]
+    by_scenario: dict[str, list[Trial]] = {}
+    for t in measured:
+        by_scenario.setdefault(t.scenario, []).append(t)
+    for scenario, runs in sorted(by_scenario.items()):
+        own = [t.own_cores or 0.0 for t in runs]
+        cores = "/".join(str(c) for c in sorted({t.cores for t in runs if t.cores}))
+        bound = sum(t.cpu_bound for t in runs)
+        lines.append(
+            f"| {scenario} | {statistics.median(own):.2f} | {max(own):.2f} | {cores or '?'} "
+            f"| {bound} of {len(runs)} |"
+        )
+    worst = max(t.other_cores or 0.0 for t in measured)
+    lines += [
+        "",
+        f"Other work (processes not the bench's) took at most {worst:.2f} cores during a run "
+        f"({len(measured)} of {len(trials)} runs read). From {DISTURBED_AT:g} cores a run is "
+        "marked disturbed: its figures measure that load too; `bench run --rerun-disturbed` "
+        "runs it again.",
         "",
     ]
     disturbed = [t for t in measured if t.disturbed]
@@ -268,7 +291,7 @@ def markdown(
         ]
     if "overview" in plots:
         lines += [f"![overview]({plots['overview']})", ""]
-    lines += other_work_section(trials)
+    lines += cpu_section(trials)
     lines += [
         "## Lower bound",
         "",

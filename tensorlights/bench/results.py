@@ -9,7 +9,7 @@ from dataclasses import asdict, dataclass, field
 from typing import Any
 
 from tensorlights.bench.bound import link_seconds, lower_bound_avg_jct
-from tensorlights.bench.other_work import DISTURBED_AT
+from tensorlights.bench.cpu_use import CPU_BOUND_AT, DISTURBED_AT
 from tensorlights.bench.scenarios import JobSpec, Scenario, StaticOrder
 
 
@@ -55,7 +55,11 @@ class Trial:
     seconds after the run started."""
     other_cores: float | None = None
     """CPU other work on the machine took during the run, in cores on average (processes
-    not the bench's: other_work.OtherWork); None for runs recorded before it was read."""
+    not the bench's: cpu_use.CpuUse); None for runs recorded before it was read."""
+    own_cores: float | None = None
+    """CPU the run's own processes (the bench, agents, controller, jobs) took, likewise."""
+    cores: int | None = None
+    """The machine's cores (os.cpu_count) as the run saw them."""
 
     @property
     def light_moves(self) -> int:
@@ -65,6 +69,16 @@ class Trial:
     def disturbed(self) -> bool:
         """Other work took enough of the machine's CPU that the run measured it too."""
         return self.other_cores is not None and self.other_cores >= DISTURBED_AT
+
+    @property
+    def cpu_bound(self) -> bool:
+        """The run's own processes kept nearly every core busy: it compared CPU schedules as
+        much as link schedules."""
+        return (
+            self.own_cores is not None
+            and self.cores is not None
+            and self.own_cores >= CPU_BOUND_AT * self.cores
+        )
 
     @property
     def utilisation(self) -> float:

@@ -15,6 +15,7 @@ from __future__ import annotations
 import contextlib
 import json
 import logging
+import os
 import queue
 import statistics
 import subprocess
@@ -28,7 +29,7 @@ from typing import Protocol
 
 from tensorlights.agent.status import read_status, read_status_document, status_of
 from tensorlights.bench import legacy_tc
-from tensorlights.bench.other_work import OtherWork
+from tensorlights.bench.cpu_use import CpuUse
 from tensorlights.bench.results import JobRun, Trial
 from tensorlights.bench.scenarios import (
     CONTROLLER_HOST,
@@ -688,8 +689,8 @@ def run_trial(
         if kind.start_up_s > 0
     )  # fmt: skip
     start_ups = [workload.start_up_s * start_up_factor(processes) for workload in workloads]
-    other_work = OtherWork()
-    other_work.sample(time.monotonic())
+    cpu = CpuUse()
+    cpu.sample(time.monotonic())
     try:
         driver.start()
         tx_before = _tx_bytes(measured)
@@ -724,9 +725,9 @@ def run_trial(
                     index, dict(zip(spec.ps_hosts, ports, strict=True)), running[index].job
                 )
             driver.tick(now)
-            other_work.tick(now)
+            cpu.tick(now)
             time.sleep(POLL_S)
-        other_work.sample(time.monotonic())
+        cpu.sample(time.monotonic())
         runs = []
         for index, job in sorted(running.items()):
             received = job.received(timeout=60)
@@ -764,7 +765,8 @@ def run_trial(
         scenario, policy.value, rep, options.rate_bps, tuple(runs), tx_after - tx_before,
         last - first, rebuilds, profile, named(driver.greens()),
         {host: named(moves) for host, moves in host_greens.items()}, len(measured),
-        tuple(driver.events) if isinstance(driver, Faulted) else (), other_work.cores(),
+        tuple(driver.events) if isinstance(driver, Faulted) else (), cpu.other_cores(),
+        cpu.own_cores(), os.cpu_count(),
     )  # fmt: skip
     log.info(
         "%s %s rep %d: avg JCT %.2f s, link %.0f%%",

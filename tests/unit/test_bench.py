@@ -425,18 +425,22 @@ def test_traces_count_each_hosts_reported_iterations_against_the_workers_log(
     assert missing.exit_code == 2 and "--status-traces" in missing.output
 
 
-def test_runs_with_other_work_beside_them_are_marked_and_listed_in_the_report() -> None:
-    quiet = replace(_trial("pack", 0, {"j1": 10.0}), other_cores=0.01)
-    busy = replace(_trial("pack", 1, {"j1": 20.0}), other_cores=0.93)
-    old = Trial.from_dict({k: v for k, v in quiet.to_dict().items() if k != "other_cores"})
+def test_runs_with_other_work_beside_them_and_cpu_bound_runs_are_marked_in_the_report() -> None:
+    quiet = replace(_trial("pack", 0, {"j1": 10.0}), other_cores=0.01, own_cores=0.6, cores=2)
+    busy = replace(_trial("pack", 1, {"j1": 20.0}), other_cores=0.93, own_cores=1.9, cores=2)
+    old = Trial.from_dict(
+        {k: v for k, v in quiet.to_dict().items() if k not in ("other_cores", "own_cores", "cores")}
+    )
     assert Trial.from_dict(busy.to_dict()) == busy and old.other_cores is None
     assert busy.disturbed and not quiet.disturbed and not old.disturbed
-    section = report.other_work_section([quiet, busy, old])
-    assert "at most 0.93 cores" in section[2] and "2 of 3 runs read" in section[2]
+    assert busy.cpu_bound and not quiet.cpu_bound and not old.cpu_bound
+    section = report.cpu_section([quiet, busy, old])
+    assert "| t | 1.25 | 1.90 | 2 | 1 of 2 |" in section  # the median of 0.6 and 1.9
+    assert any("at most 0.93 cores" in line and "2 of 3 runs read" in line for line in section)
     assert "| t pack 1 | 0.93 | 20.00 |" in section
-    assert not any("t pack 0" in line for line in section)
-    assert report.other_work_section([old]) == []
-    assert "No run was disturbed." in report.other_work_section([quiet])
+    assert not any("t pack 0 |" in line for line in section)
+    assert report.cpu_section([old]) == []
+    assert "No run was disturbed." in report.cpu_section([quiet])
 
 
 def test_a_run_recorded_again_supersedes_its_earlier_record(tmp_path: Path) -> None:

@@ -5,7 +5,7 @@ from __future__ import annotations
 from hypothesis import given
 from hypothesis import strategies as st
 
-from tensorlights.bench.other_work import split_ours, ticks_since
+from tensorlights.bench.cpu_use import split_ours, ticks_since
 from tensorlights.discovery.procfs import ProcKey, ProcStat
 
 
@@ -31,18 +31,18 @@ def test_ours_are_the_roots_descendants_and_every_other_process_is_other_work(
             pid = ppid[pid]
         return pid == root and root not in kernel
 
-    others, ours = split_ours(stats, root, set())
+    ours, others = split_ours(stats, root, set())
     assert {key.pid for key in ours} == {p for p in ppid if descends(p) and p not in kernel}
     assert {key.pid for key in others} == set(ppid) - kernel - {key.pid for key in ours}
-    assert all(ticks == key.pid for key, ticks in others.items())
+    assert all(ticks == key.pid for key, ticks in {**ours, **others}.items())
 
 
 def test_a_process_once_ours_stays_ours_when_init_adopts_it() -> None:
     bench, job = _stat(100, 1), _stat(101, 100)
-    _, ours = split_ours([bench, job], 100, set())
+    ours, _ = split_ours([bench, job], 100, set())
     adopted = _stat(101, 1, ticks=50)  # its parent ended; same identity
-    others, ours = split_ours([bench, adopted, _stat(200, 1, ticks=7)], 100, ours)
-    assert job.key in ours and set(others) == {ProcKey(200, 2000)}
+    ours, others = split_ours([bench, adopted, _stat(200, 1, ticks=7)], 100, ours.keys())
+    assert ours == {bench.key: 0, job.key: 50} and others == {ProcKey(200, 2000): 7}
 
 
 def test_a_new_process_counts_whole_and_a_reused_pid_is_a_new_process() -> None:

@@ -1,5 +1,5 @@
-"""Other work beside a benchmark run, read from the real /proc: a busy process that is not
-the bench's counts, the bench's own busy child does not."""
+"""The CPU of a benchmark run and of other work beside it, read from the real /proc: a busy
+process that is not the bench's is other work, the bench's own busy child is the run's."""
 
 from __future__ import annotations
 
@@ -11,7 +11,7 @@ import sys
 import time
 from pathlib import Path
 
-from tensorlights.bench.other_work import OtherWork, split_ours
+from tensorlights.bench.cpu_use import CpuUse, split_ours
 from tensorlights.discovery.procfs import ProcFs, ProcKey
 
 BUDGET_S = 1.0
@@ -32,7 +32,7 @@ def _wait_for(*paths: Path, deadline_s: float = 30) -> None:
         time.sleep(0.05)
 
 
-def test_a_detached_busy_process_is_other_work_and_the_bench_child_is_not(
+def test_a_detached_busy_process_is_other_work_and_the_bench_child_is_the_runs(
     tmp_path: Path,
 ) -> None:
     procfs = ProcFs()
@@ -45,7 +45,7 @@ def test_a_detached_busy_process_is_other_work_and_the_bench_child_is_not(
         subprocess.run(["setsid", "-f", sys.executable, "-c", SPINNER, str(other)], check=True)
         _wait_for(Path(f"{other}.pid"))
         pids.append(int(Path(f"{other}.pid").read_text()))
-        work = OtherWork(procfs)
+        work = CpuUse(procfs)
         work.sample(time.monotonic())
         ours = subprocess.Popen([sys.executable, "-c", SPINNER, str(child)])
         pids.append(ours.pid)
@@ -53,13 +53,14 @@ def test_a_detached_busy_process_is_other_work_and_the_bench_child_is_not(
         work.sample(time.monotonic())
 
         stats = [procfs.stat(pid) for pid in (os.getpid(), *pids)]
-        others, mine = split_ours(stats, os.getpid(), set())
+        mine, others = split_ours(stats, os.getpid(), set())
         other_key = procfs.stat(pids[0]).key
         assert set(others) == {other_key} and ProcKey(ours.pid, stats[2].key.start_ticks) in mine
-        # the detached spinner's CPU since the first read, to the tick; the child's not in it
-        assert work.cpu_s >= 0.8 * BUDGET_S
-        cores = work.cores()
-        assert cores is not None and cores > 0
+        # Each spinner's CPU since the first read, to the tick, on its side (the detached
+        # one's before that read is not counted; other work besides may add to either).
+        assert work.other_cpu_s >= 0.8 * BUDGET_S and work.own_cpu_s >= 0.8 * BUDGET_S
+        other_cores, own_cores = work.other_cores(), work.own_cores()
+        assert other_cores is not None and own_cores is not None and own_cores > 0
         assert procfs.stat(2).kernel_thread  # kthreadd
         assert not procfs.stat(os.getpid()).kernel_thread
     finally:
