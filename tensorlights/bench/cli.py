@@ -179,10 +179,10 @@ def run(
             )  # fmt: skip
             with open(out / TRIALS, "a") as handle:
                 handle.write(json.dumps(trial.to_dict()) + "\n")
-            avg = sum(j.jct_s for j in trial.jobs) / len(trial.jobs)
             own = "" if trial.own_cores is None else f", CPU {trial.own_cores:.2f}/{trial.cores}"
             click.echo(
-                f"[{number}/{len(todo)}] {scenario} {policy.value} rep {rep}: avg JCT {avg:.2f} s,"
+                f"[{number}/{len(todo)}] {scenario} {policy.value} rep {rep}: avg JCT "
+                f"{trial.avg_jct_s:.2f} s,"
                 f" link {trial.utilisation:.0%}{own} ({(time.monotonic() - began) / 60:.1f} min)"
             )
     _write_report(out, _recorded(meta), no_plots)

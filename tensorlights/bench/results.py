@@ -62,6 +62,10 @@ class Trial:
     """The machine's cores (os.cpu_count) as the run saw them."""
 
     @property
+    def avg_jct_s(self) -> float:
+        return statistics.mean(job.jct_s for job in self.jobs)
+
+    @property
     def light_moves(self) -> int:
         return max(len(self.greens) - 1, 0)
 
@@ -216,7 +220,7 @@ def _policy_summary(
     alone: Mapping[str, float],
     bound: float,
 ) -> PolicySummary:
-    averages = [statistics.mean(j.jct_s for j in t.jobs) for t in runs]
+    averages = [t.avg_jct_s for t in runs]
     per_job = {
         job.name: statistics.median(j.jct_s for t in runs for j in t.jobs if j.name == job.name)
         for job in scenario.jobs

@@ -17,7 +17,6 @@ import json
 import logging
 import os
 import queue
-import statistics
 import subprocess
 import sys
 import threading
@@ -770,7 +769,7 @@ def run_trial(
     )  # fmt: skip
     log.info(
         "%s %s rep %d: avg JCT %.2f s, link %.0f%%",
-        scenario, policy.value, rep, statistics.mean(r.jct_s for r in runs),
+        scenario, policy.value, rep, trial.avg_jct_s,
         trial.utilisation * 100,
     )  # fmt: skip
     if trial.disturbed:
