@@ -1,19 +1,23 @@
-"""The machine's CPU while a benchmark run ran: what the run's own processes took (the bench
-process and its descendants: agents, controller, jobs) and what other work took (every other
-process), the kernel's own threads aside (their work is mostly the run's traffic).
+"""The machine's CPU while a benchmark run ran: what other work took (every process not the
+bench's, plus the time the hypervisor stole from the VM) and what the run took (the rest of
+the machine's busy time: the bench process and its descendants -- agents, controller, jobs --
+and the kernel's threads and interrupts, whose work is mostly the run's traffic).
 
 Other work: on the 2-core VM a test suite running beside c2 doubled its JCTs (66-68 s against
 31-35 s; docs/benchmarks.md, 2026-12-02) and nothing in the results said so; such a run
 measures the machine's load, not the policy. The run's own: where its processes keep every
 core busy (c2's twelve ranks on 2 cores), the run compares CPU schedules as much as link
-schedules. Both are lower bounds: a process that lived less than one sample apart is not
-seen, and one that ended loses its CPU since the sample before."""
+schedules. The run's own is read off the machine's busy ticks (/proc/stat), so nothing of
+it is missed between reads; other work is a lower bound: an other process that lived less
+than one read apart is not seen (its CPU counts as the run's), and one that ended loses its
+CPU since the read before."""
 
 from __future__ import annotations
 
 import math
 import os
 from collections.abc import Iterable, Mapping, Set
+from dataclasses import dataclass
 
 from tensorlights.discovery.procfs import ProcessGone, ProcessHidden, ProcFs, ProcKey, ProcStat
 
@@ -25,6 +29,26 @@ VM idle: 0.00-0.01 measured)."""
 CPU_BOUND_AT = 0.9
 """The share of the machine's cores the run's own processes used, on average, from which the
 run is marked CPU-bound."""
+
+
+@dataclass(frozen=True, slots=True)
+class MachineTicks:
+    """The machine's CPU time since boot, all cores together, in clock ticks."""
+
+    busy: int
+    """user + nice + system + irq + softirq (a guest's time is within user)."""
+    steal: int
+    """Time the hypervisor ran something else while this VM wanted a core."""
+
+
+def machine_ticks(line: str) -> MachineTicks:
+    """/proc/stat's first line: `cpu user nice system idle iowait irq softirq steal ...`
+    (a kernel older than 2.6.11 stops before steal: none then)."""
+    name, *fields = line.split()
+    if name != "cpu" or len(fields) < 7:
+        raise ValueError(f"not /proc/stat's total line: {line!r}")
+    user, nice, system, _idle, _iowait, irq, softirq, *rest = (int(f) for f in fields)
+    return MachineTicks(user + nice + system + irq + softirq, rest[0] if rest else 0)
 
 
 def split_ours(
@@ -58,13 +82,13 @@ def ticks_since(before: Mapping[ProcKey, int], after: Mapping[ProcKey, int]) -> 
 
 class CpuUse:
     """Reads /proc at most every SAMPLE_S (`tick`, from the run's loop) and adds up the CPU of
-    the run's processes and of the others; `own_cores` and `other_cores` are their averages
-    over the span read."""
+    other work (other processes and steal) and of the run (the machine's busy time less other
+    processes'); `own_cores` and `other_cores` are their averages over the span read."""
 
     def __init__(self, procfs: ProcFs | None = None, root_pid: int | None = None) -> None:
         self._procfs = procfs or ProcFs()
         self._root = os.getpid() if root_pid is None else root_pid
-        self._last: tuple[dict[ProcKey, int], dict[ProcKey, int]] | None = None
+        self._last: tuple[set[ProcKey], dict[ProcKey, int], MachineTicks] | None = None
         self._own_ticks = 0
         self._other_ticks = 0
         self._first_at = math.nan
@@ -81,13 +105,19 @@ class CpuUse:
                 stats.append(self._procfs.stat(pid))
             except (ProcessGone, ProcessHidden):
                 continue
-        mine, others = split_ours(stats, self._root, self._last[0].keys() if self._last else set())
+        machine = machine_ticks((self._procfs.root / "stat").read_text().split("\n", 1)[0])
+        mine, others = split_ours(stats, self._root, self._last[0] if self._last else set())
         if self._last is None:
             self._first_at = now
         else:
-            self._own_ticks += ticks_since(self._last[0], mine)
-            self._other_ticks += ticks_since(self._last[1], others)
-        self._last = mine, others
+            _, others_before, machine_before = self._last
+            other_processes = ticks_since(others_before, others)
+            # Per-process ticks and the machine's are counted apart: the difference may dip
+            # below 0 by a tick or two while the run is idle.
+            busy = machine.busy - machine_before.busy
+            self._own_ticks += max(busy - other_processes, 0)
+            self._other_ticks += other_processes + machine.steal - machine_before.steal
+        self._last = set(mine), others, machine
         self._sampled_at = now
 
     @property

@@ -208,8 +208,9 @@ def cpu_section(trials: Sequence[Trial]) -> list[str]:
     lines = [
         "## The machine's CPU during the runs",
         "",
-        "Cores the runs' own processes (the bench, agents, controller, jobs) used, on average "
-        "over each run, of the machine's: from "
+        "Cores the runs took (the machine's busy time less other work's: the bench, agents, "
+        "controller, jobs, and the kernel's work for their traffic), on average over each "
+        "run, of the machine's: from "
         f"{CPU_BOUND_AT:.0%} of them a run is CPU-bound, and it compares CPU schedules as "
         "much as link schedules.",
         "",
@@ -230,7 +231,8 @@ def cpu_section(trials: Sequence[Trial]) -> list[str]:
     worst = max(t.other_cores or 0.0 for t in measured)
     lines += [
         "",
-        f"Other work (processes not the bench's) took at most {worst:.2f} cores during a run "
+        f"Other work (processes not the bench's, and time the hypervisor stole) took at most "
+        f"{worst:.2f} cores during a run "
         f"({len(measured)} of {len(trials)} runs read). From {DISTURBED_AT:g} cores a run is "
         "marked disturbed: its figures measure that load too; `bench run --rerun-disturbed` "
         "runs it again.",

@@ -55,9 +55,11 @@ class Trial:
     seconds after the run started."""
     other_cores: float | None = None
     """CPU other work on the machine took during the run, in cores on average (processes
-    not the bench's: cpu_use.CpuUse); None for runs recorded before it was read."""
+    not the bench's, and steal: cpu_use.CpuUse); None for runs recorded before it was read."""
     own_cores: float | None = None
-    """CPU the run's own processes (the bench, agents, controller, jobs) took, likewise."""
+    """CPU the run took (the machine's busy time less other processes': the bench, agents,
+    controller, jobs, the kernel's work for them), likewise. Records before 2026-12-02's
+    evening summed the run's processes only: lower by their last 2 s and the kernel's work."""
     cores: int | None = None
     """The machine's cores (os.cpu_count) as the run saw them."""
 

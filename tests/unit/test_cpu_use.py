@@ -2,11 +2,14 @@
 
 from __future__ import annotations
 
+from pathlib import Path
+
+import pytest
 from hypothesis import given
 from hypothesis import strategies as st
 
-from tensorlights.bench.cpu_use import split_ours, ticks_since
-from tensorlights.discovery.procfs import ProcKey, ProcStat
+from tensorlights.bench.cpu_use import CpuUse, MachineTicks, machine_ticks, split_ours, ticks_since
+from tensorlights.discovery.procfs import ProcFs, ProcKey, ProcStat
 
 
 def _stat(pid: int, ppid: int, ticks: int = 0, kernel: bool = False) -> ProcStat:
@@ -49,3 +52,53 @@ def test_a_new_process_counts_whole_and_a_reused_pid_is_a_new_process() -> None:
     before = {ProcKey(5, 50): 100, ProcKey(6, 60): 10}
     after = {ProcKey(5, 50): 130, ProcKey(6, 61): 4, ProcKey(7, 70): 9}  # 6 ended, pid reused
     assert ticks_since(before, after) == 30 + 4 + 9
+
+
+def test_the_machines_busy_ticks_leave_out_idle_and_iowait_and_steal_is_apart() -> None:
+    # user nice system idle iowait irq softirq steal guest guest_nice (as this VM's kernel)
+    assert machine_ticks("cpu  9603 4 2970 1283701 459 3 109 1029 0 0") == MachineTicks(
+        9603 + 4 + 2970 + 3 + 109, 1029
+    )
+    assert machine_ticks("cpu 10 0 5 100 0 1 2") == MachineTicks(18, 0)  # before steal
+    with pytest.raises(ValueError, match="total line"):
+        machine_ticks("cpu0 1090 0 909 646341 48 0 31 533 0 0")
+
+
+def _write_proc(
+    root: Path, machine: tuple[int, int], processes: dict[int, tuple[int, int]]
+) -> None:
+    """A /proc layout with the machine's busy and steal ticks (on user and steal) and each
+    pid's (ppid, utime); the stat line's fields as the kernel writes them."""
+    busy, steal = machine
+    (root / "stat").write_text(f"cpu  {busy} 0 0 999 0 0 0 {steal} 0 0\ncpu0 ...\n")
+    for pid in {int(d.name) for d in root.iterdir() if d.name.isdigit()} - set(processes):
+        (root / str(pid) / "stat").unlink()
+        (root / str(pid)).rmdir()
+    for pid, (ppid, utime) in processes.items():
+        fields = ["S", str(ppid), *["0"] * 9, str(utime), "0", *["0"] * 6, str(pid * 10)]
+        (root / str(pid)).mkdir(exist_ok=True)
+        (root / str(pid) / "stat").write_text(f"{pid} (p {pid}) {' '.join(fields)} 0 0\n")
+
+
+def test_the_runs_cpu_is_the_machines_busy_time_less_other_processes_and_steal_is_other(
+    tmp_path: Path,
+) -> None:
+    """The run (pid 100) and its job (101) beside another user's process (200): the job that
+    lived between two reads (never listed) and the kernel's work still count as the run's."""
+    procfs = ProcFs(tmp_path)
+    cpu = CpuUse(procfs, root_pid=100)
+    _write_proc(tmp_path, (1000, 10), {100: (1, 5), 101: (100, 50), 200: (1, 300)})
+    cpu.sample(0.0)
+    assert cpu.own_cores() is None and cpu.other_cores() is None
+    # 2 s at 100 ticks/s on 2 cores: 400 ticks, 60 of them idle; 200 took 120, 30 stolen.
+    _write_proc(tmp_path, (1310, 40), {100: (1, 6), 101: (100, 150), 200: (1, 420)})
+    cpu.sample(2.0)
+    hz = procfs.ticks_per_second
+    assert cpu.own_cpu_s == pytest.approx((310 - 120) / hz)
+    assert cpu.other_cpu_s == pytest.approx((120 + 30) / hz)
+    # 200 ends and 201 (another user's) starts and takes 40 ticks: counted whole.
+    _write_proc(tmp_path, (1400, 40), {100: (1, 6), 101: (100, 190), 201: (1, 40)})
+    cpu.sample(4.0)
+    assert cpu.other_cpu_s == pytest.approx((150 + 40) / hz)
+    assert cpu.own_cpu_s == pytest.approx((190 + 50) / hz)
+    assert cpu.own_cores() == pytest.approx(240 / hz / 4.0)
