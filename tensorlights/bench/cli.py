@@ -16,8 +16,9 @@ from typing import Any
 import click
 
 from tensorlights.bench import report, traces
+from tensorlights.bench.agent_settings import agent_settings_toml
 from tensorlights.bench.results import Trial, alone_jct, profile_key, summarize
-from tensorlights.bench.runner import HOSTS, RunOptions, run_trial
+from tensorlights.bench.runner import HOSTS, RunOptions, agent_policy, run_trial
 from tensorlights.bench.scenarios import (
     COMPARED,
     FAULT_AT_S,
@@ -107,6 +108,14 @@ def main() -> None:
     "'Other work beside the runs' in the report). Their earlier records stay in "
     "trials.jsonl; a run's latest record is the one reported.",
 )  # fmt: skip
+@click.option(
+    "--agent-setting", "agent_settings", multiple=True, metavar="KEY=VALUE",
+    help="A setting for every agent's config file, as a TOML key and value (dotted for a "
+    "table's key, strings quoted): --agent-setting dscp.enabled=false, --agent-setting "
+    "'telemetry.sample_interval=\"50ms\"'. For an experiment: kept in meta.json and the "
+    "report's header, and a folder resumes only with the same ones. Repeatable. The "
+    "settings the bench makes itself (its options, discovery, the controller) are refused.",
+)  # fmt: skip
 @click.option("--no-plots", is_flag=True, help="Markdown only (no matplotlib).")
 def run(
     scenarios: str,
@@ -123,6 +132,7 @@ def run(
     out: Path,
     status_traces: bool,
     rerun_disturbed: bool,
+    agent_settings: tuple[str, ...],
     no_plots: bool,
 ) -> None:
     """Run every scenario under every policy, REPS times, plus each job profile alone; then
@@ -135,10 +145,12 @@ def run(
         compared = select_policies(policies)
         parse_duration(interval)
         parse_duration(starvation_window)
+        agents = [p for p in map(agent_policy, compared) if p is not None]
         options = RunOptions(
             parse_rate(rate), interval, parse_duration(original_interval), starvation_window,
             fault_at_s=parse_duration(fault_at), fault_down_s=parse_duration(fault_down),
             device=device, status_traces=out / STATUS if status_traces else None,
+            agent_settings=agent_settings_toml(agent_settings, agents),
         )  # fmt: skip
     except ConfigError as exc:
         raise click.UsageError(str(exc)) from None
@@ -157,6 +169,7 @@ def run(
         "fault_at_s": options.fault_at_s,
         "fault_down_s": options.fault_down_s,
         "device": options.device,
+        "agent_settings": list(agent_settings),
         "machine": f"{platform.node()}, {os.cpu_count()} CPUs, Linux {platform.release()}",
     }
     out.mkdir(parents=True, exist_ok=True)
@@ -294,10 +307,13 @@ def _resume(out: Path, meta: dict[str, Any]) -> dict[tuple[str, str, int], Trial
         old = json.loads(meta_path.read_text())
         settings = (
             "rate_bps", "scale", "interval", "original_interval_s", "starvation_window",
-            "fault_at_s", "fault_down_s", "device",
+            "fault_at_s", "fault_down_s", "device", "agent_settings",
         )  # fmt: skip
         # Folders from before these settings: theirs were the defaults.
-        defaults = {"fault_at_s": FAULT_AT_S, "fault_down_s": FAULT_DOWN_S, "device": "cpu"}
+        defaults = {
+            "fault_at_s": FAULT_AT_S, "fault_down_s": FAULT_DOWN_S, "device": "cpu",
+            "agent_settings": [],
+        }  # fmt: skip
         if any(old.get(k, defaults.get(k)) != meta[k] for k in settings):
             raise click.ClickException(
                 f"{out} holds runs with other settings ({ {k: old.get(k) for k in settings} }): "

@@ -260,6 +260,12 @@ def markdown(
         if meta.get("device", "cpu") != "cpu"
         else ""
     )
+    settings = meta.get("agent_settings") or []
+    settings_note = (
+        f"Every agent ran with {', '.join(f'`{s}`' for s in settings)} (--agent-setting). "
+        if settings
+        else ""
+    )
     lines = [
         "# TensorLights benchmark",
         "",
@@ -273,6 +279,7 @@ def markdown(
         f"every {meta['original_interval_s']:g} s. Policy pack: max slowdown 2 over a "
         f"{meta.get('starvation_window', '120s')} window. Machine: {meta.get('machine', '?')}. "
         + gpu_note
+        + settings_note
         + "Light moves: how often the green light passed to another job (median; the agent's "
         "applied rotations, the prototype's rebuilds; — for policies without a light or runs "
         "recorded before moves were).",

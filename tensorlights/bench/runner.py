@@ -93,6 +93,8 @@ class RunOptions:
     """Where each agent's status reads of each run are kept (keep_status_traces); None:
     nowhere. What a policy saw and decided, read after the run: its measured loads, its
     starvation guard's lags and slack, its bands."""
+    agent_settings: str = ""
+    """TOML lines first in every agent's config (agent_settings.agent_settings_toml)."""
 
 
 class Driver(Protocol):
@@ -451,7 +453,8 @@ class AgentOnHost:
         # One tenant (root runs every job): the jobs' own variables are believed. In a PS
         # scenario torchrun's rank 0 is the PS of the real PyTorch jobs (testbed/workloads.py);
         # in a collective one every rank is (no configuration: DDP is found as it is).
-        config = f'starvation_window = "{self.options.starvation_window}"\ntrust = "any"\n'
+        config = self.options.agent_settings
+        config += f'starvation_window = "{self.options.starvation_window}"\ntrust = "any"\n'
         config += "[discovery]\ntorch_ps_ranks = [0]\n" if self.torch_ps else ""
         config += self.controller.agent_config(self.name) if self.controller else ""
         (self.workdir / "agent.toml").write_text(config)
@@ -606,17 +609,17 @@ def make_driver(
         ]  # fmt: skip
         return trees[0] if len(trees) == 1 else EveryHost(trees, trees[0])
     controller = None
-    agent_policy = "pack" if policy in DECLARING else policy.value
+    agents_policy = agent_policy(policy)
+    assert agents_policy is not None  # every other policy runs agents
     if policy in CONTROLLED:
-        agent_policy = CONTROLLED[policy]  # also what each agent falls back to
         controller = ControllerOnHost(
-            cluster, workdir / "controller", agent_policy, shaped, options
+            cluster, workdir / "controller", agents_policy, shaped, options
         )
     agents = [
         AgentOnHost(
             cluster,
             workdir / name,
-            agent_policy,
+            agents_policy,
             options,
             name,
             torch_ps=not collective,
@@ -629,6 +632,16 @@ def make_driver(
     if controller is None and len(agents) == 1:
         return agents[0]
     return EveryHost([*([controller] if controller else []), *agents], agents[0])
+
+
+def agent_policy(policy: Policy | StaticOrder) -> str | None:
+    """The agents' --policy under `policy` (under the controller, also what each falls back
+    to); None where no agent runs (FIFO, a job alone, the `tc` trees)."""
+    if policy in (Policy.FIFO, Policy.ALONE) or isinstance(policy, StaticOrder) or policy in LEGACY:
+        return None
+    if policy in CONTROLLED:
+        return CONTROLLED[policy]
+    return "pack" if policy in DECLARING else policy.value
 
 
 CONTROLLED = {

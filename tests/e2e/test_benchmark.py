@@ -24,7 +24,7 @@ def test_a_quick_benchmark_runs_every_policy_and_writes_the_report(tmp_path: Pat
     args = [
         *BENCH, "run", "--scenarios", "b", "--policies", "fifo,fair,tl-rr-original,rotate",
         "--reps", "1", "--scale", "0.2", "--interval", "500ms", "--original-interval", "1s",
-        "--status-traces", "--out", str(out),
+        "--status-traces", "--agent-setting", "dscp.enabled=false", "--out", str(out),
     ]  # fmt: skip
     result = subprocess.run(args, capture_output=True, text=True, timeout=240)
     assert result.returncode == 0, result.stdout + result.stderr
@@ -38,6 +38,11 @@ def test_a_quick_benchmark_runs_every_policy_and_writes_the_report(tmp_path: Pat
     at = [read["at_s"] for read in reads]
     assert len(reads) >= 5 and at == sorted(at)
     assert reads[-1]["status"]["policy"] == "rotate"
+    # The agent ran with the setting: bands, and no DSCP marks (the status lists none). Not
+    # the last read alone: it may come once the jobs ended, nothing shaped.
+    shaped = [read["status"] for read in reads if read["status"].get("bands")]
+    assert shaped and all(status["dscp"] == {} for status in shaped)
+    assert json.loads((out / "meta.json").read_text())["agent_settings"] == ["dscp.enabled=false"]
     traced = {
         rotation["job"] for read in reads for rotation in read["status"]["rotations"]["recent"]
     }
@@ -67,6 +72,7 @@ def test_a_quick_benchmark_runs_every_policy_and_writes_the_report(tmp_path: Pat
     assert "## The machine's CPU during the runs" in report and "| b | " in report
     assert (out / "overview.png").stat().st_size > 0 and (out / "scenario_b.png").exists()
     assert "TensorLights rotate" in result.stdout  # the summary table is printed
+    assert "Every agent ran with `dscp.enabled=false` (--agent-setting)." in report
 
     again = subprocess.run(args, capture_output=True, text=True, timeout=60)
     assert again.returncode == 0 and "5 runs (5 already recorded)" in again.stdout
@@ -84,6 +90,9 @@ def test_a_quick_benchmark_runs_every_policy_and_writes_the_report(tmp_path: Pat
     other = subprocess.run([*args[:-2], "--rate", "100mbit", "--out", str(out)],
                            capture_output=True, text=True, timeout=60)  # fmt: skip
     assert other.returncode != 0 and "other settings" in other.stderr
+    marked = subprocess.run([*args[:-4], "--out", str(out)], capture_output=True, text=True,
+                            timeout=60)  # fmt: skip
+    assert marked.returncode != 0 and "other settings" in marked.stderr
     assert set(netns.run(["ip", "netns", "list"]).stdout.split()) <= before
 
 
