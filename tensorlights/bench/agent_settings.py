@@ -23,7 +23,6 @@ BENCH_SETS = {
     "standalone": "--policies",
     "status_socket": "the bench",
     "state_dir": "the bench",
-    "log_level": "the bench",
 }
 """Top-level keys and tables of the agent's config that the bench writes or passes itself,
 and what sets each: a setting of them would clash with, or be overridden by, the bench's."""
