@@ -102,6 +102,9 @@ def build_status(record: PassRecord, live: LiveParts) -> AgentStatus:
                         period_s=it.period,
                         push_s=it.push_seconds,
                         connections=it.connections,
+                        pushed_bytes=it.pushed_bytes,
+                        idle_before_s=it.idle_before_s,
+                        count=it.count,
                     )
                     for it in iterations
                 )

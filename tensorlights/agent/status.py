@@ -84,6 +84,15 @@ class IterationView:
     """None: the job's first measured iteration."""
     push_s: float
     connections: int
+    pushed_bytes: int = 0
+    """What the job's connections on this host sent in the iteration (a ring's rank: the
+    bytes its steps sent; 0 in a status read from an agent older than this field)."""
+    idle_before_s: float | None = None
+    """From the previous iteration's end to this one's first push (the compute; None: not
+    measured)."""
+    count: int = 1
+    """The job's iterations this one stands for: several where a ring's all-reduces were
+    measured merged (then `period_s` is their mean, `pushed_bytes` their sum)."""
 
 
 @dataclass(frozen=True)

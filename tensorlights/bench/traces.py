@@ -37,7 +37,7 @@ class TraceCount:
     job: str
     reported: int
     """Iterations the host's agent reported for the job (each counted once, however many
-    status reads listed it)."""
+    status reads listed it; a report of merged all-reduces counts as many as it stands for)."""
     logged: int | None
     """Iterations the job's workers logged (None: the run is not in trials.jsonl)."""
     median_period_s: float | None
@@ -57,7 +57,7 @@ def _logged(trials: Iterable[Trial]) -> dict[tuple[str, str, int], dict[str, int
 
 def _reported(path: Path) -> dict[str, tuple[int, float | None]]:
     """Job name -> (iterations the trace's agent reported, their median period)."""
-    seen: dict[str, dict[float, float | None]] = {}
+    seen: dict[str, dict[float, tuple[float | None, int]]] = {}
     with _open(path) as trace:
         for line in trace:
             telemetry = json.loads(line)["status"].get("telemetry") or {}
@@ -67,11 +67,15 @@ def _reported(path: Path) -> dict[str, tuple[int, float | None]]:
                     continue
                 by_end = seen.setdefault(named.group(1), {})
                 for iteration in iterations:  # the latest few, again at every read
-                    by_end[round(iteration["last_done_monotonic"], 4)] = iteration["period_s"]
+                    by_end[round(iteration["last_done_monotonic"], 4)] = (
+                        iteration["period_s"],
+                        iteration.get("count", 1),  # a ring's merged all-reduces: several
+                    )
     counts = {}
     for name, by_end in sorted(seen.items()):
-        periods = [period for period in by_end.values() if period]
-        counts[name] = (len(by_end), statistics.median(periods) if periods else None)
+        periods = [period for period, _ in by_end.values() if period]
+        reported = sum(count for _, count in by_end.values())
+        counts[name] = (reported, statistics.median(periods) if periods else None)
     return counts
 
 

@@ -145,6 +145,10 @@ class Iteration:
     """From the previous iteration's last completion to this push's start (the middle of
     the pushes' common start window): the workers' compute, gradient and barrier -- what
     does not need the link. Unaffected by how long the push then waits in a queue."""
+    count: int = 1
+    """The job's iterations this one stands for: more than one where a ring's all-reduces
+    were measured merged (its bytes span that many of its bytes per iteration: ring_count.py);
+    `period` is then their mean, `pushed_bytes` their sum."""
 
     @property
     def spread(self) -> float:

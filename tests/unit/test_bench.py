@@ -397,16 +397,17 @@ def test_split_green_share_counts_time_a_sharded_job_is_green_on_one_host_only()
 def test_traces_count_each_hosts_reported_iterations_against_the_workers_log(
     tmp_path: Path,
 ) -> None:
-    """`bench traces`: an iteration listed by many status reads counts once; each host's
-    count stands beside the job's logged iterations; gzipped traces read the same."""
+    """`bench traces`: an iteration listed by many status reads counts once (a ring's
+    merged all-reduces as many as it stands for); each host's count stands beside the job's
+    logged iterations; gzipped traces read the same."""
     folder = tmp_path
     trial = _trial("controller-pack", 1, {"j1": 20.0}, scenario="c2")  # 3 iterations logged
     (folder / "trials.jsonl").write_text(json.dumps(trial.to_dict()) + "\n")
     (folder / "status").mkdir()
 
     def read(*ends: float) -> str:
-        listed = [{"last_done_monotonic": end, "period_s": 1.0 if end > 1 else None}
-                  for end in ends]  # fmt: skip
+        listed = [{"last_done_monotonic": end, "period_s": 1.0 if end > 1 else None,
+                   "count": 2 if end == 4.5 else 1} for end in ends]  # fmt: skip
         return json.dumps({"at_s": 0, "status": {"telemetry": {"torch/c2-j1-x-1-42": listed}}})
 
     reads = [read(1.0), read(1.0, 2.0), read(2.0, 3.5), read(3.5, 4.0, 4.5)]
@@ -417,7 +418,7 @@ def test_traces_count_each_hosts_reported_iterations_against_the_workers_log(
     assert shown.exit_code == 0, shown.output
     rows = [json.loads(line) for line in shown.output.splitlines()]
     assert [(r["host"], r["job"], r["reported"], r["logged"]) for r in rows] == [
-        ("w1", "j1", 5, 3),
+        ("w1", "j1", 6, 3),
         ("w2", "j1", 2, 3),
     ]
     assert rows[0]["policy"] == "controller-pack" and rows[0]["median_period_s"] == 1.0
