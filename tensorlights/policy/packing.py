@@ -207,7 +207,9 @@ class JobLoad:
     """Its bytes per iteration read true while it waits: a PS's push is one burst however
     long it waits. Not a ring's (a collective job): each of its steps waits on a peer, and
     while it waits below another job its steps slide into that job's gaps one by one, so
-    one all-reduce reads as several iterations of fewer bytes."""
+    one all-reduce reads as several iterations of fewer bytes. The agent now regroups such
+    pieces by bytes (telemetry/ring_count.py), but what the guard would do with a ring's
+    count believed is not measured yet: a ring's stays False."""
     counted_from_start: bool = True
     """Its iterations are counted from its first push on (the agent met it before it had
     pushed): ended, its count is its run's length (SiblingRuns)."""

@@ -39,6 +39,7 @@ from tensorlights.discovery.sockdiag import SockDiag
 from tensorlights.errors import TensorLightsError
 from tensorlights.model import DiscoverySnapshot, TcpInfo
 from tensorlights.policy.packing import JobLoad, Measured, job_load
+from tensorlights.telemetry.ring_count import RingCounter
 from tensorlights.telemetry.straggler import (
     DEFAULT_MIN_PUSH_BYTES,
     Iteration,
@@ -100,6 +101,8 @@ class TelemetrySampler:
         self._present: dict[str, set[str]] | None = None
         """The connections by job the tracker was last given (a scan's, until the next)."""
         self._iterations: dict[str, int] = {}
+        self._rings: dict[str, RingCounter] = {}
+        """Per collective job: its pieces regrouped into all-reduces (ring_count.py)."""
         self._loads: dict[str, tuple[int, float, JobLoad | None]] = {}
         """Per job: (its iteration count, the link rate, its load) when last worked out."""
         self._diags: dict[int | None, SockDiag] = {}
@@ -164,7 +167,7 @@ class TelemetrySampler:
                 if cached is None or cached[:2] != (count, link_rate_bps):
                     newest = list(islice(reversed(items), COMPUTE_ITERATIONS))[::-1]
                     measured = [
-                        Measured(i.pushed_bytes, i.idle_before_s, i.period)
+                        Measured(i.pushed_bytes // i.count, i.idle_before_s, i.period)
                         for i in newest
                         if i.period is not None  # the first measured: no compute read
                     ]
@@ -279,7 +282,7 @@ class TelemetrySampler:
         self.sampled_connections += len(ids)
         self._known_jobs = set(by_job)
         with self._lock:
-            closed = self.tracker.observe(now, samples, present, same_present)
+            closed = self._counted(self.tracker.observe(now, samples, present, same_present))
             if not same_present:  # jobs came or went (a scan, or sockets closed)
                 for job in self._due.keys() - present.keys():
                     self._due.pop(job)
@@ -296,8 +299,11 @@ class TelemetrySampler:
                     self._recent.pop(job, None)
                     self._iterations.pop(job, None)
                     self._loads.pop(job, None)
+                    self._rings.pop(job, None)
             for iteration in closed:
-                self._iterations[iteration.job] = self._iterations.get(iteration.job, 0) + 1
+                self._iterations[iteration.job] = (
+                    self._iterations.get(iteration.job, 0) + iteration.count
+                )
                 if iteration.job not in present:  # its last, closed as it ended
                     self._ended.setdefault(iteration.job, now)
                 self._recent.setdefault(iteration.job, deque(maxlen=RECENT_ITERATIONS)).append(
@@ -306,6 +312,18 @@ class TelemetrySampler:
         for iteration in closed:
             self._on_iteration(iteration)
         return closed
+
+    def _counted(self, closed: list[Iteration]) -> list[Iteration]:
+        """The tracker's iterations, a collective job's regrouped by its bytes (its pieces
+        of all-reduces in, whole all-reduces out: ring_count.py)."""
+        collective = self.tracker.collective
+        counted = []
+        for piece in closed:
+            if piece.job in collective:
+                counted.extend(self._rings.setdefault(piece.job, RingCounter()).add(piece))
+            else:
+                counted.append(piece)
+        return counted
 
     def _interval(self, job: str, now: float, gaps: list[float]) -> float:
         """How long until `job` is sampled again (see the module doc); `gaps`: its answer
