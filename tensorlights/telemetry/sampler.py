@@ -301,8 +301,9 @@ class TelemetrySampler:
                     self._loads.pop(job, None)
                     self._rings.pop(job, None)
             for iteration in closed:
+                ring = self._rings.get(iteration.job)
                 self._iterations[iteration.job] = (
-                    self._iterations.get(iteration.job, 0) + iteration.count
+                    ring.total if ring else self._iterations.get(iteration.job, 0) + 1
                 )
                 if iteration.job not in present:  # its last, closed as it ended
                     self._ended.setdefault(iteration.job, now)
