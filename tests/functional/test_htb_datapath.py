@@ -160,7 +160,7 @@ def test_green_job_carries_the_link_and_rotation_moves_it(
     # steady slots: skip connection start-up (first slot) and the slot of the rotation
     before = range(1, int(rotate_at / interval) - 1)
     after = range(int(rotate_at / interval) + 1, int(seconds / interval))
-    assert_green_slots(a, b, carried, link_bytes, before, after)
+    assert_green_slots(a, b, carried, result["stolen"], link_bytes, before, after)
     assert result["resets"] == 0 and not result["errors"]
 
 

@@ -123,7 +123,7 @@ def test_the_green_pod_carries_the_node_nic_in_both_cni_modes(
     after = range(int(rotate_at / interval) + 1, int(probe_at / interval) - 1)
     # Said in full when it fails: the bytes per slot, and the pods' TCP state and the node's
     # classes (drops, backlog) as they were when the workers stopped.
-    assert_green_slots(a, b, carried, link_bytes, before, after, node.mode, state)
+    assert_green_slots(a, b, carried, result["stolen"], link_bytes, before, after, node.mode, state)
     assert result["resets"] == 0 and not result["errors"]
     # The waiting pod's flow keeps a short round trip, so a short RTO: were its first packets
     # lost when it turns green, it would sit that long silent (with 16 packets at 256 kbit,
