@@ -17,9 +17,15 @@ from __future__ import annotations
 import math
 import os
 from collections.abc import Iterable, Mapping, Set
-from dataclasses import dataclass
 
-from tensorlights.discovery.procfs import ProcessGone, ProcessHidden, ProcFs, ProcKey, ProcStat
+from tensorlights.discovery.procfs import (
+    MachineTicks,
+    ProcessGone,
+    ProcessHidden,
+    ProcFs,
+    ProcKey,
+    ProcStat,
+)
 
 SAMPLE_S = 2.0
 """How often the run's loop reads /proc (one read of ~200 processes: a few ms)."""
@@ -29,26 +35,6 @@ VM idle: 0.00-0.01 measured)."""
 CPU_BOUND_AT = 0.9
 """The share of the machine's cores the run's own processes used, on average, from which the
 run is marked CPU-bound."""
-
-
-@dataclass(frozen=True, slots=True)
-class MachineTicks:
-    """The machine's CPU time since boot, all cores together, in clock ticks."""
-
-    busy: int
-    """user + nice + system + irq + softirq (a guest's time is within user)."""
-    steal: int
-    """Time the hypervisor ran something else while this VM wanted a core."""
-
-
-def machine_ticks(line: str) -> MachineTicks:
-    """/proc/stat's first line: `cpu user nice system idle iowait irq softirq steal ...`
-    (a kernel older than 2.6.11 stops before steal: none then)."""
-    name, *fields = line.split()
-    if name != "cpu" or len(fields) < 7:
-        raise ValueError(f"not /proc/stat's total line: {line!r}")
-    user, nice, system, _idle, _iowait, irq, softirq, *rest = (int(f) for f in fields)
-    return MachineTicks(user + nice + system + irq + softirq, rest[0] if rest else 0)
 
 
 def split_ours(
@@ -105,7 +91,7 @@ class CpuUse:
                 stats.append(self._procfs.stat(pid))
             except (ProcessGone, ProcessHidden):
                 continue
-        machine = machine_ticks((self._procfs.root / "stat").read_text().split("\n", 1)[0])
+        machine = self._procfs.machine_ticks()
         mine, others = split_ours(stats, self._root, self._last[0] if self._last else set())
         if self._last is None:
             self._first_at = now

@@ -69,6 +69,26 @@ class ProcStat:
     kernel_thread: bool = False
 
 
+@dataclass(frozen=True, slots=True)
+class MachineTicks:
+    """The machine's CPU time since boot, all cores together, in clock ticks."""
+
+    busy: int
+    """user + nice + system + irq + softirq (a guest's time is within user)."""
+    steal: int
+    """Time the hypervisor ran something else while this VM wanted a core."""
+
+
+def machine_ticks(line: str) -> MachineTicks:
+    """/proc/stat's first line: `cpu user nice system idle iowait irq softirq steal ...`
+    (a kernel older than 2.6.11 stops before steal: none then)."""
+    name, *fields = line.split()
+    if name != "cpu" or len(fields) < 7:
+        raise ValueError(f"not /proc/stat's total line: {line!r}")
+    user, nice, system, _idle, _iowait, irq, softirq, *rest = (int(f) for f in fields)
+    return MachineTicks(user + nice + system + irq + softirq, rest[0] if rest else 0)
+
+
 class ProcFs:
     """/proc of the host (or a test's copy of the layout, via `root`)."""
 
@@ -77,6 +97,10 @@ class ProcFs:
         self._prefix = str(root)
         self.ticks_per_second = os.sysconf("SC_CLK_TCK")
         self.boot_time = psutil.boot_time()
+
+    def machine_ticks(self) -> MachineTicks:
+        """The machine's CPU time since boot, from /proc/stat's total line."""
+        return machine_ticks((self.root / "stat").read_text().split("\n", 1)[0])
 
     def pids(self) -> list[int]:
         return [int(name) for name in os.listdir(self.root) if name.isdigit()]

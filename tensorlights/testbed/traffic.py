@@ -35,17 +35,10 @@ import sys
 import time
 from pathlib import Path
 
+from tensorlights.discovery.procfs import ProcFs
+
 CHUNK = 256 * 1024
 LINK_SAMPLE_S = 0.005  # how often the link's counter is read: boundaries are interpolated
-STAT = Path("/proc/stat")
-USER_HZ = 100  # /proc/stat's ticks a second (USER_HZ: 100 on Linux whatever the kernel's HZ)
-
-
-def steal_ticks() -> int:
-    """The machine's steal time since boot, all cores together, in ticks (0 where the kernel
-    does not report it)."""
-    fields = STAT.read_text().split("\n", 1)[0].split()
-    return int(fields[8]) if len(fields) > 8 else 0
 
 
 def serve(ports: list[int], bind: str, max_seconds: float) -> int:
@@ -99,13 +92,17 @@ def sink(targets: list[str], seconds: float, interval: float, link_dev: str | No
         flows[target] = [0] * slots
     counter = Path(f"/sys/class/net/{link_dev}/statistics/rx_bytes") if link_dev else None
     link: list[tuple[float, int]] = []  # (seconds since start, DEV's received bytes)
-    steal: list[tuple[float, int]] = []  # (seconds since start, steal ticks), with `link`
+    procfs = ProcFs()
+    steal: list[tuple[float, int]] = []  # (seconds since start, steal ticks), once a slot
     start = time.monotonic()
     end = start + seconds
     while (now := time.monotonic()) < end:
         if counter is not None and (not link or now - start - link[-1][0] >= LINK_SAMPLE_S):
             link.append((now - start, int(counter.read_text())))
-            steal.append((now - start, steal_ticks()))
+        if counter is not None and (
+            not steal or int((now - start) / interval) > int(steal[-1][0] / interval)
+        ):
+            steal.append((now - start, procfs.machine_ticks().steal))
         for key, _ in sel.select(timeout=min(0.05, end - now)):
             sock = key.fileobj
             assert isinstance(sock, socket.socket)
@@ -126,12 +123,12 @@ def sink(targets: list[str], seconds: float, interval: float, link_dev: str | No
             flows[key.data][slot] += len(data)
     if counter is not None:
         link.append((time.monotonic() - start, int(counter.read_text())))
-        steal.append((time.monotonic() - start, steal_ticks()))
+        steal.append((time.monotonic() - start, procfs.machine_ticks().steal))
     for key in list(sel.get_map().values()):
         key.fileobj.close()  # type: ignore[union-attr]
     per_slot = slot_bytes(link, slots, interval) if counter is not None else None
     stolen = (
-        [ticks / USER_HZ / interval for ticks in slot_bytes(steal, slots, interval)]
+        [t / procfs.ticks_per_second / interval for t in slot_bytes(steal, slots, interval)]
         if counter is not None
         else None
     )

@@ -8,8 +8,8 @@ import pytest
 from hypothesis import given
 from hypothesis import strategies as st
 
-from tensorlights.bench.cpu_use import CpuUse, MachineTicks, machine_ticks, split_ours, ticks_since
-from tensorlights.discovery.procfs import ProcFs, ProcKey, ProcStat
+from tensorlights.bench.cpu_use import CpuUse, split_ours, ticks_since
+from tensorlights.discovery.procfs import MachineTicks, ProcFs, ProcKey, ProcStat, machine_ticks
 
 
 def _stat(pid: int, ppid: int, ticks: int = 0, kernel: bool = False) -> ProcStat:
