@@ -127,6 +127,8 @@ class AgentLoop:
         if result.repaired:
             log.warning("%s: repaired (%d kernel writes)", changed, result.repaired)
         self._succeeded(result)
+        if result.deferred:
+            return 0.0  # the scan or resync the light went ahead of (Reconciler.run_pass)
         wait_s = self.config.scan_interval_s
         if result.plan.next_change_at is not None:
             wait_s = min(wait_s, max(0.0, result.plan.next_change_at - self._clock()))
@@ -156,7 +158,7 @@ class AgentLoop:
         out = self._out
         out.health.success()
         out.metrics.observe_pass(previous, result, self._wall())
-        applied = self._rotations.record(result, self._wall() - self._clock(), self._wall())
+        applied = self._rotations.record(result, self._wall() - self._clock())
         if applied is not None:
             log.info("green light -> %s", applied.job)
             if out.link is not None:

@@ -65,6 +65,11 @@ class PassResult:
     repaired: int = 0
     """Kernel writes that restored what the previous pass had written (run_pass(repair=True)):
     someone else's change undone. Part of kernel_ops."""
+    written_at: float = 0.0
+    """Monotonic time the pass's kernel writes were done: when a rotation took effect."""
+    deferred: bool = False
+    """The pass moved the light at its slot boundary before the scan or full resync that was
+    due (run_pass): the loop runs the next pass at once to do them."""
 
 
 def desired_spec(
@@ -139,6 +144,9 @@ class Reconciler:
         self._next_resync = float("-inf")
         self._fifo_cleared = False
         self._scanned: tuple[float, DiscoverySnapshot] | None = None
+        self._light_due_at: float | None = None
+        """The last plan's next slot boundary (monotonic), when the light moves."""
+        self._deferred = False
         self._offload: HwTcOffload | None = None
         self._vouchers: tuple[JobVoucher, ...] = ()
         """The controller's word on the jobs here (discovery/trust.py); kept while it is away."""
@@ -194,17 +202,29 @@ class Reconciler:
         (a job came or went, the light moved) are not taken for repairs, nor our own
         deletions' notifications for someone else's."""
         now = self._clock()
-        # A pass woken early for the light's slot boundary reuses a fresh enough scan, unless
-        # discovery has news (then it was woken for them).
+        # At the light's slot boundary the light moves first, on the last scan, unless
+        # discovery has news: a scan (a socket dump, a sweep of /proc) or a full resync due
+        # then would delay the switch on this host and skew it against the job's other hosts.
+        # They follow in the next pass, at once; never two passes running.
+        cached, half_scan_s = self._scanned, self.config.scan_interval_s / 2
+        light_first = (
+            not self._deferred
+            and self._light_due_at is not None
+            and now >= self._light_due_at
+            and self._written is not None
+        )
+        # Otherwise a pass woken early for the boundary reuses a fresh enough scan.
         if (
-            self._scanned is not None
-            and now - self._scanned[0] < self.config.scan_interval_s / 2
+            cached is not None
+            and (light_first or now - cached[0] < half_scan_s)
             and not self._scanner.changed()
         ):
-            snapshot = self._scanned[1]
+            snapshot = cached[1]
+            deferred = now - cached[0] >= half_scan_s
         else:
             snapshot = self._scanner.scan()
             self._scanned = (now, snapshot)
+            deferred = False
         scanned = self._clock()
         loads = self._loads()
         plan = self._policy.evaluate(
@@ -227,12 +247,17 @@ class Reconciler:
             if repair and self._written is not None:
                 read_back = True
                 repaired = self._resync(self._written, now)
-            full = now >= self._next_resync or self._written is None
+            switch_first = light_first and spec != self._written
+            full = self._written is None or (now >= self._next_resync and not switch_first)
+            deferred = deferred or (now >= self._next_resync and not full)
             if full:
                 ops = self._resync(spec, now)
             elif spec != self._written:
                 ops = self._dataplane.rotate(spec)
             self._written = spec
+        written = self._clock()
+        self._light_due_at = plan.next_change_at
+        self._deferred = deferred
         return PassResult(
             at=now,
             snapshot=snapshot,
@@ -251,6 +276,8 @@ class Reconciler:
             pods=self.config.pod_shaping,
             offload=self._offload,
             repaired=repaired,
+            written_at=written,
+            deferred=deferred,
         )
 
     def _resync(self, spec: DatapathSpec, now: float) -> int:

@@ -13,15 +13,16 @@ class RotationLog:
         self._keep = keep
         self._recent: tuple[AppliedRotationView, ...] = ()
 
-    def record(
-        self, result: PassResult, wall_offset: float, applied_at: float
-    ) -> AppliedRotationView | None:
-        """The pass's rotation, if the light moved to a job (times in Unix seconds)."""
+    def record(self, result: PassResult, wall_offset: float) -> AppliedRotationView | None:
+        """The pass's rotation, if the light moved to a job (times in Unix seconds; applied:
+        when its kernel write was done)."""
         plan = result.plan
         if not plan.rotated or plan.green is None:
             return None
         since = None if plan.green_since is None else plan.green_since + wall_offset
-        rotation = AppliedRotationView(plan.green, since, applied_at, plan.generation)
+        rotation = AppliedRotationView(
+            plan.green, since, result.written_at + wall_offset, plan.generation
+        )
         self._recent = (*self._recent, rotation)[-self._keep :]
         return rotation
 

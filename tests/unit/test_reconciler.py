@@ -240,6 +240,65 @@ def test_a_pass_woken_at_the_slot_boundary_reuses_a_fresh_scan() -> None:
     assert scanner.scans == 2
 
 
+def test_at_the_slot_boundary_the_light_moves_before_the_scan_due_then() -> None:
+    """A scan (socket dumps, a sweep of /proc) ahead of the switch would make this host's
+    switch late against the job's other hosts: it follows in the next pass, run at once."""
+    reconciler, dataplane, scanner, clock = _reconciler()
+    first = reconciler.run_pass()
+    assert first.plan.next_change_at is not None
+    clock.now = first.plan.next_change_at
+    moved = reconciler.run_pass()
+    assert moved.plan.rotated and moved.plan.green != first.plan.green
+    assert dataplane.names() == ["apply", "rotate"] and scanner.scans == 1 and moved.deferred
+    after = reconciler.run_pass()
+    assert scanner.scans == 2 and not after.deferred and not after.plan.rotated
+    assert dataplane.names() == ["apply", "rotate"]  # the same light: nothing to write
+
+
+def test_news_at_the_slot_boundary_is_scanned_first() -> None:
+    reconciler, _, scanner, clock = _reconciler()
+    first = reconciler.run_pass()
+    assert first.plan.next_change_at is not None
+    clock.now = first.plan.next_change_at
+    scanner.news = True  # a job may have come or gone: the light must not go to a dead one
+    moved = reconciler.run_pass()
+    assert scanner.scans == 2 and moved.plan.rotated and not moved.deferred
+
+
+def test_a_full_resync_due_at_the_slot_boundary_follows_the_switch() -> None:
+    reconciler, dataplane, _, clock = _reconciler(replace(CONFIG, resync_interval_s=3.0))
+    first = reconciler.run_pass()
+    assert first.plan.next_change_at is not None
+    clock.now = first.plan.next_change_at  # the resync is due now too
+    moved = reconciler.run_pass()
+    assert moved.deferred and not moved.full_resync and dataplane.names() == ["apply", "rotate"]
+    resynced = reconciler.run_pass()
+    assert resynced.full_resync and not resynced.deferred
+    assert dataplane.names() == ["apply", "rotate", "apply"]
+
+
+def test_the_rotation_is_applied_when_its_kernel_write_is_done() -> None:
+    clock = Clock()
+    reconciler, dataplane, _, _ = _reconciler(clock=clock)
+    write = dataplane.rotate
+
+    def slow_rotate(spec: DatapathSpec) -> int:
+        clock.now += 0.04  # the write took 40 ms
+        return write(spec)
+
+    dataplane.rotate = slow_rotate  # type: ignore[method-assign]
+    app = _loop(reconciler, clock)
+    for _ in range(50):  # passes at the loop's cadence until one at the slot boundary
+        started = clock.now
+        wait_s = app.step()
+        if wait_s == 0.0:
+            break  # the light moved ahead of the scan: the next pass scans at once
+        clock.now += wait_s
+    assert wait_s == 0.0 and dataplane.names()[-1] == "rotate"
+    recent = app.board.document()["rotations"]["recent"]
+    assert recent[-1]["applied"] == pytest.approx(started + 0.04)
+
+
 def test_a_pass_woken_early_by_discovery_news_scans_again() -> None:
     reconciler, _, scanner, clock = _reconciler()
     reconciler.run_pass()
