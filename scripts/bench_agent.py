@@ -3,7 +3,8 @@
 
 16 PS jobs (processes found by TENSORLIGHTS_JOB/ROLE) in one namespace hold 16 connections
 each to a worker namespace (256 connections); the agent shapes veth-a at 200 Mbit and rotates
-the green light every second. After a warm-up, the agent's CPU time (the scheduler's exact
+the green light every second (with --policy pack, the default policy, the light moves only as
+the demands measured say: idle jobs measure none, and it stays). After a warm-up, the agent's CPU time (the scheduler's exact
 count, not the tick-sampled utime + stime), split by thread (the agent names its threads in
 the kernel; a thread that ended meanwhile is in the total only), and VmRSS are sampled over
 --seconds, once the PS are no longer young (found more than YOUNG_PS_S ago); the CPU share
@@ -16,6 +17,7 @@ gaps, which the sampler follows every 5-20 ms): the cost of telemetry while jobs
 not only while they idle; the iterations it reported for them are counted.
 
     .venv/bin/python scripts/bench_agent.py [--seconds 60] [--jobs 16] [--connections 16]
+        [--policy rotate|pack]
         [--pushing 2 --push-bytes 1000000 --push-compute 0.02]
 """
 
@@ -135,6 +137,11 @@ def main() -> None:
         "--process-events", choices=["on", "off"], default="on", help="off: list /proc instead"
     )
     parser.add_argument("--profile", metavar="FILE", help="run the agent under cProfile")
+    parser.add_argument(
+        "--policy", choices=["rotate", "pack"], default="rotate",
+        help="rotate (default): the light moves every second, a rotation's kernel writes at "
+        "every pass; pack, the agent's default: it moves only when the measured demands say",
+    )  # fmt: skip
     parser.add_argument("--telemetry", choices=["on", "off"], default="on")
     parser.add_argument("--sample-interval", default="100ms")
     parser.add_argument("--detections", type=int, default=10, help="listen() -> shaped trials")
@@ -175,7 +182,7 @@ def main() -> None:
             command = [
                 sys.executable, *(["-m", "cProfile", "-o", args.profile] if args.profile else []),
                 "-m", "tensorlights.cli.agent", "run", "--config", str(config),
-                "--interface", "veth-a", "--link-rate", "200mbit", "--policy", "rotate",
+                "--interface", "veth-a", "--link-rate", "200mbit", "--policy", args.policy,
                 "--interval", "1s", "--standalone", "--trust", "any", "--status-socket", str(sock),
                 "--state-dir", str(Path(workdir) / "state"), "--log-level", "warning",
             ]  # fmt: skip
@@ -221,8 +228,9 @@ def main() -> None:
             for job in pushing:
                 job.kill()
     print(
-        f"jobs {args.jobs}, PS connections {connections}, rotation every 1 s, "
-        f"scan every {args.scan_interval}, poll every {args.poll_interval}, "
+        f"jobs {args.jobs}, PS connections {connections}, "
+        + ("rotation every 1 s, " if args.policy == "rotate" else "policy pack, ")
+        + f"scan every {args.scan_interval}, poll every {args.poll_interval}, "
         f"processes from {source}, telemetry {args.telemetry} "
         f"(every {args.sample_interval}), {wall:.0f} s measured"
     )
