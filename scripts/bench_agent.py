@@ -4,12 +4,12 @@
 16 PS jobs (processes found by TENSORLIGHTS_JOB/ROLE) in one namespace hold 16 connections
 each to a worker namespace (256 connections); the agent shapes veth-a at 200 Mbit and rotates
 the green light every second (with --policy pack, the default policy, the light moves only as
-the demands measured say: idle jobs measure none, and it stays). After a warm-up, the agent's CPU time (the scheduler's exact
-count, not the tick-sampled utime + stime), split by thread (the agent names its threads in
-the kernel; a thread that ended meanwhile is in the total only), and VmRSS are sampled over
---seconds, once the PS are no longer young (found more than YOUNG_PS_S ago); the CPU share
-while they were young is printed too. Then the detection latency, listen() -> the port
-shaped. Needs root.
+the demands measured say: idle jobs measure none, and it stays). After a warm-up, the agent's
+CPU time (the scheduler's exact count, not the tick-sampled utime + stime), split by thread
+(the agent names its threads in the kernel; a thread that ended meanwhile is in the total
+only), and VmRSS are sampled over --seconds, once the PS are no longer young (found more than
+YOUNG_PS_S ago); the CPU share while they were young is printed too. Then the detection
+latency, listen() -> the port shaped. Needs root.
 
 With --pushing N, N more jobs push for real through veth-a all along (synthetic PS jobs, 3
 workers each, --push-bytes a push, --push-compute between pushes: iterations with short
