@@ -78,7 +78,7 @@ def test_a_quick_benchmark_runs_every_policy_and_writes_the_report(tmp_path: Pat
     assert again.returncode == 0 and "5 runs (5 already recorded)" in again.stdout
     # A run recorded as disturbed (other work beside it) is run again on asking, and its new
     # record is the one reported; the old ones stay. The records are first made quiet: the
-    # machine running this test may have other work (a CI host's steal took 0.30 cores and
+    # machine running this test may have other work (on a CI host it took 0.30 cores and
     # marked all five disturbed), and what is checked is which records are run again.
     quiet = [{**trial, "other_cores": 0.0} for trial in trials]
     (out / "trials.jsonl").write_text("".join(json.dumps(trial) + "\n" for trial in quiet))
