@@ -20,8 +20,8 @@ from tensorlights.testbed import netns, traffic
 LINK_BUSY = 0.95
 # A slot next to a move of the light, where the newly green flow ramps up: with the agent
 # moving it every 2 s (every steady slot), 0.877-1.0 of the link beside four busy loops, and
-# 0.870 once in a clean-clone CI run on an idle VM (2026-12-03, 43a6e92: the second slot of a
-# turn, every other slot 1.000, no steal); the first slot after the shaper tests' one move,
+# 0.870 once in a clean-clone CI run with nothing else running (2026-12-03, 43a6e92: the
+# second slot of a turn, every other slot 1.000); the first slot after the shaper tests' one move,
 # 0.926 once in CI (routed pods, 99d5f32). What the floor guards against is the green flow
 # sitting out an RTO (200 ms at the least: at most 0.6 of a 0.5 s slot), not the ramp: it
 # sits between the two.
