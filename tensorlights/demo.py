@@ -45,7 +45,8 @@ order. The closer to link-bound, the less such a pairing gains against one job a
 at 150 ms, 9 runs in 10 gave 12-18% and one 2%; at 50 ms, 10-27% in 10 (the lowest only
 about 10%), and with 3 workers a job 5.4-22% in 7. On 2026-12-03, 20 runs: 8.6-24.4% and
 9.0-16.3%, under 10% in 2 (TensorLights 10.1-10.4 s, FIFO 11.5-12.4 s in the second 10);
-later that day 11.2-24.6% in 10 of 10."""
+later that day 11.2-24.6% in 10 of 10; on 2026-12-04, 11.4-20.8% in 10 of 10 (TensorLights
+9.9-10.1 s, FIFO 11.3-12.7 s)."""
 PS_HOST = "ps-host"
 CONTROLLER_PORT = 9740
 
