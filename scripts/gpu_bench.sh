@@ -10,6 +10,11 @@
 #                                         # then python -m tensorlights.bench run BENCH-ARGS
 #   scripts/gpu_bench.sh python ARGS      # there, the same set-up, then python3 ARGS
 #                                         # (e.g. scripts/bench_agent.py on a GPU host's CPUs)
+#   scripts/gpu_bench.sh bundle DIR       # there, after a run with --status-traces: DIR/status/
+#                                         # (a file per host and run) into DIR/status.tar.gz,
+#                                         # since the lent machine sends back at most 8 files;
+#                                         # here `tar -xzf DIR/status.tar.gz -C DIR` restores it
+#                                         # for `python -m tensorlights.bench traces DIR`
 #
 # The tools run from .devicekit/ through PATH and LD_LIBRARY_PATH; nothing is installed
 # outside /tmp. Workers compute on the GPU with `--device cuda`.
@@ -57,8 +62,15 @@ run | python)
     python3 -c 'import torch; assert torch.cuda.is_available(), "no CUDA device"'
     exec python3 -m tensorlights.bench run --device cuda --no-plots "$@"
     ;;
+bundle)
+    dir=${2:?usage: $0 bundle DIR}
+    [[ -d $dir/status ]] || { echo "no $dir/status: run the bench with --status-traces" >&2; exit 2; }
+    tar -czf "$dir/status.tar.gz" -C "$dir" status
+    rm -r "$dir/status"
+    du -sh "$dir/status.tar.gz"
+    ;;
 *)
-    echo "usage: $0 prepare | run BENCH-ARGS | python ARGS" >&2
+    echo "usage: $0 prepare | run BENCH-ARGS | python ARGS | bundle DIR" >&2
     exit 2
     ;;
 esac
