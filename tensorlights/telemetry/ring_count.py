@@ -58,6 +58,8 @@ class RingCounter:
     ends: deque[int] = field(default_factory=lambda: deque(maxlen=PIECES_KEPT))
     sent: int = 0
     """Bytes of every piece so far."""
+    seen: int = 0
+    """Pieces so far (the ring's count while B is unknown: TelemetrySampler.loads)."""
     held: list[Iteration] = field(default_factory=list)
     """Pieces since the last reported iteration's end (all of them while B is unknown)."""
     held_from: int = 0
@@ -82,6 +84,7 @@ class RingCounter:
         """The iterations that `piece` ends, if any (several once B is first known: the held
         pieces' iterations)."""
         self.sent += piece.pushed_bytes
+        self.seen += 1
         self.pieces.append(piece)
         self.ends.append(self.sent)
         self.held.append(piece)

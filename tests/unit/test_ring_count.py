@@ -4,11 +4,14 @@ tracker still count once each (tensorlights/telemetry/ring_count.py)."""
 from __future__ import annotations
 
 import random
+from dataclasses import replace
 
+import pytest
 from hypothesis import given, settings
 from hypothesis import strategies as st
 
-from tensorlights.telemetry.ring_count import RingCounter
+from tensorlights.telemetry.ring_count import MIN_MARKED, RingCounter
+from tensorlights.telemetry.sampler import TelemetrySampler
 from tensorlights.telemetry.straggler import Iteration
 
 B = 12_002_240
@@ -134,3 +137,21 @@ def test_a_wrong_start_is_put_right_in_the_total() -> None:
     assert abs(counter.bytes_per_iteration - B) < 0.01 * B
     assert abs(counter.total - 25) <= 1
     assert sum(it.count for it in reports) > counter.total  # the early reports stay as made
+
+
+def test_a_ring_not_counted_yet_is_measured_from_its_pieces() -> None:
+    """Until its counter has learnt its bytes per all-reduce, a ring's load counts its pieces
+    (each one an iteration): without one, the green ring was judged not iterative and the
+    waiting ones' start-up counted as their lag (c2, docs/benchmarks.md, 2026-12-04)."""
+    sampler = TelemetrySampler()
+    sampler.tracker.collective = frozenset({"job"})
+    sampler._present = {"job": {"conn"}}
+    pieces = [_piece(0.5 * i, 12_000_000, idle=0.1) for i in range(MIN_MARKED - 3)]
+    pieces = [replace(p, period=0.5) for p in pieces[1:]]  # the first: no period measured
+    assert not sampler._counted(pieces)  # nothing reported yet
+    load = sampler.loads(300e6)["job"]
+    assert load.iterations == len(pieces)
+    assert not load.bytes_hold_waiting
+    assert load.compute_s == pytest.approx(0.1)
+    sampler._present = {}
+    assert "job" not in sampler.loads(300e6)
