@@ -16,6 +16,7 @@
 #                                         # here `tar -xzf DIR/status.tar.gz -C DIR` restores it
 #                                         # for `python -m tensorlights.bench traces DIR`
 #
+# .devicekit/ is ignored by git: name it in the device tool's `carry` for it to travel.
 # The tools run from .devicekit/ through PATH and LD_LIBRARY_PATH; nothing is installed
 # outside /tmp. Workers compute on the GPU with `--device cuda`.
 set -euo pipefail
