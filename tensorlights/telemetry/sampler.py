@@ -199,7 +199,8 @@ class TelemetrySampler:
         return job_load(measured, LOAD_ITERATIONS, count, False, link_rate_bps, answers)
 
     def _as_now(self, job: str, load: JobLoad, busy: set[str]) -> JobLoad:
-        """`load` with what holds of the job now: busy, a ring's or a PS's, counted whole."""
+        """`load` with what holds of the job now: busy or not, a ring or a PS, counted from its
+        start or met mid-run."""
         return replace(
             load,
             busy=job in busy,
