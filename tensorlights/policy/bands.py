@@ -211,7 +211,7 @@ class BandPolicy:
         previous_green: str | None,
     ) -> BandPlan:
         present = set(self._order)
-        self._judge(now, present, loads, started, declared, previous_green)
+        self._judge(now, present, loads, started, declared, previous_green, spanning)
         self.on_top.update(previous_green, loads)
         # Arrivals and departures take effect at once (an arrival joins at the end; when the
         # green job left, the next one is green) ...
@@ -262,11 +262,12 @@ class BandPolicy:
         started: Mapping[str, float] | None,
         declared: Mapping[str, int] | None = None,
         green: str | None = None,
+        spanning: frozenset[str] = frozenset(),
     ) -> None:
         """The starvation guard's view while the controller orders the jobs (PlanFollower):
         its promotions are reported, for the cluster-wide order to keep the bound. `green`:
-        the job green here since the previous evaluation."""
-        self._judge(now, set(jobs), loads, started, declared, green, alone=False)
+        the job green here since the previous evaluation; `spanning`: as in evaluate."""
+        self._judge(now, set(jobs), loads, started, declared, green, spanning, alone=False)
 
     def _judge(
         self,
@@ -276,12 +277,14 @@ class BandPolicy:
         started: Mapping[str, float] | None,
         declared: Mapping[str, int] | None,
         green: str | None,
+        spanning: frozenset[str],
         alone: bool = True,
     ) -> None:
         """The starvation guard's update, the jobs' declared lengths with their siblings'.
-        `alone`: this host orders its jobs itself (not a controller: StarvationGuard.update)."""
+        `alone`: this host orders its jobs itself (not a controller); `spanning`: the rings
+        (StarvationGuard.update)."""
         lengths = self.siblings.update(now, jobs, loads, declared or {})
-        self._guard.update(now, loads, jobs, started, lengths, green, alone)
+        self._guard.update(now, loads, jobs, started, lengths, green, alone, spanning)
 
     @property
     def waits_for_siblings(self) -> frozenset[str]:

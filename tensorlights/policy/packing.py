@@ -320,6 +320,21 @@ class StarvationGuard:
     of a DDP job's lag in c1, and a host that saw the first bytes earlier promoted the
     waiting job alone, its ring green there and waiting on the other three hosts.
 
+    A ring (a collective job: `rings`) begins, for every clock the guard keeps of it (its
+    span, MEASURE_GRACE_S young, green without a load), when it is first measured here, not
+    dated back by its count (its pieces', several per all-reduce while it waits, their gaps
+    read as its compute), or MEASURE_GRACE_S after its first bytes if that comes sooner: its
+    first bytes are not where its iterations begin on every host alike. On rank 0's host,
+    and the next of gloo's broadcast tree, they are DDP's broadcast of the model, 6-12 s
+    before the first all-reduce that the other hosts see first (a 2-core VM). Counted from
+    them, with hosts deciding alone, `ps` (rank 0's) promoted a waiting ring at 7-12 s into
+    c2 where the other hosts did at 18-25 s, or took the green ring, young no more and
+    without a load, for not iterative and put it behind, and each ring ran at its slowest
+    host's pace while they disagreed (traced: results/bench-c2-provisional,
+    results/bench-c2-ring-opening). First measured, the hosts open a ring within 0-4 s of
+    each other. A ring never measured is still promoted in the end: starved of every piece,
+    it waits MEASURE_GRACE_S more than a PS job would.
+
     A job that declared its total iterations N (`declared` in update) and has completed
     `done` < N of them is judged by its deadline instead: it ends within the bound F if it
     ends by its first push + F x N x P; its remaining standalone time is R = (N - done) x P.
@@ -381,7 +396,8 @@ class StarvationGuard:
     window_s: float
     _history: dict[str, deque[tuple[float, int]]] = field(default_factory=dict)
     _first_seen: dict[str, float] = field(default_factory=dict)
-    """When each job began to push (or was first measured)."""
+    """When each job began to push (or was first measured); a ring: when first measured, or
+    MEASURE_GRACE_S after its first bytes if sooner (class doc)."""
     _iterating_since: dict[str, float] = field(default_factory=dict)
     """When each measured job's iterations began, as of its first measurement."""
     _period_readings: dict[str, dict[int, float]] = field(default_factory=dict)
@@ -430,7 +446,7 @@ class StarvationGuard:
         """Time lost to waiting over the span judged, ending now."""
         opened = self._opened(job, now)
         start = now - self.horizon_s
-        present = now - max(opened, start)
+        present = max(now - max(opened, start), 0.0)
         if load is None:
             return present
         # Iterations are counted from when the agent began to track the job, i.e. from its
@@ -478,8 +494,8 @@ class StarvationGuard:
         return job in self.promoted and job in self.slack
 
     def young(self, now: float, within_s: float, jobs: set[str]) -> frozenset[str]:
-        """Of `jobs`, those that began to push less than `within_s` ago or not yet (as of
-        the last update)."""
+        """Of `jobs`, those that began to push less than `within_s` ago or not yet (a ring:
+        that were first measured; as of the last update)."""
         return frozenset(job for job in jobs if now - self._first_seen.get(job, now) < within_s)
 
     def allowed(self, bound: float, span_s: float) -> float:
@@ -502,6 +518,7 @@ class StarvationGuard:
         declared: Mapping[str, int] | None = None,
         green: str | None = None,
         alone: bool = True,
+        rings: Collection[str] = frozenset(),
     ) -> None:
         """`started`: the jobs that have begun to push, each with when its first push began
         (None: all, from now). A job's span opens when it starts pushing or is measured, not
@@ -516,7 +533,9 @@ class StarvationGuard:
         every update while past its limit, and the controller keeps it waiting only where
         every host it runs on says so (Registry.starving). Kept waiting by one host's word,
         j3 in the simulator's m3 (promoted on the host it shares with a smaller job, the
-        others' sibling on the other) ended at 2.35x."""
+        others' sibling on the other) ended at 2.35x.
+        `rings`: the collective jobs, whose clocks open when they are first measured (class
+        doc)."""
         declared = declared or {}
         for job in list(self._first_seen):
             if job not in jobs:
@@ -535,18 +554,21 @@ class StarvationGuard:
         remaining_s: dict[str, float] = {}  # of the jobs judged by their deadlines
         self.lags, self.spans, self.slack = {}, {}, {}
         for job in sorted(jobs):  # ties among the most behind: by name, not by hash order
+            start_up = MEASURE_GRACE_S if job in rings else 0.0  # a ring's (class doc)
             if started is not None and job in started:
-                self._first_seen.setdefault(job, min(started[job], now))
+                self._first_seen.setdefault(job, min(started[job], now) + start_up)
             elif started is None or job in loads:
-                self._first_seen.setdefault(job, now)
+                self._first_seen.setdefault(job, now + start_up)
             load = loads.get(job)
             if load is not None:
                 if job not in self._iterating_since:
                     # Not for a job promoted before it completed anything: that was waiting.
-                    began = now - load.iterations * load.standalone_period_s
                     first = self._first_seen[job]
+                    if job in rings:  # first measured now (class doc): not dated back
+                        first = self._first_seen[job] = min(first, now)
+                    began = now - load.iterations * load.standalone_period_s
                     self._iterating_since[job] = (
-                        first if job in self.promoted else max(began, first)
+                        first if job in self.promoted or job in rings else max(began, first)
                     )
                 history = self._history.setdefault(job, deque())
                 if not history or history[-1][1] != load.iterations or load.busy:
@@ -684,7 +706,11 @@ class StarvationGuard:
             if job in loads:
                 del self._green_unmeasured_s[job]
         previous, self._updated_at = self._updated_at, now
-        unmeasured = green if green in self._first_seen and green not in loads else None
+        unmeasured = (
+            green
+            if green in self._first_seen and green not in loads and self._first_seen[green] < now
+            else None
+        )
         if unmeasured is not None and previous is not None:
             seconds = self._green_unmeasured_s.get(unmeasured, 0.0) + now - previous
             self._green_unmeasured_s[unmeasured] = seconds

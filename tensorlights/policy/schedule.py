@@ -240,7 +240,7 @@ class PlanFollower:
             # The local policy is not evaluated meanwhile: the plan's light is counted here,
             # and the starvation guard watches (its promotions go to the controller).
             self.local.on_top.update(self._green, loads or {})
-            self.local.watch(now, jobs, loads or {}, started, declared, self._green)
+            self.local.watch(now, jobs, loads or {}, started, declared, self._green, spanning)
             result = self.plan.evaluate(now, jobs, self.local.ps_bands, self._green)
             lease_end = self.plan.lease_until
             if result.next_change_at is None or lease_end < result.next_change_at:

@@ -3,6 +3,7 @@ boundary, and the starvation bound."""
 
 from __future__ import annotations
 
+from collections.abc import Collection
 from dataclasses import replace
 
 import pytest
@@ -315,6 +316,64 @@ def test_guard_does_not_count_start_up_after_the_first_bytes_as_waiting() -> Non
     assert "x" in starved.promoted  # waited 5 s with nothing done: 4 s allowed
     starved.update(6.0, {"x": load(0.25, 0.25, 2)}, {"x"}, {"x": 0.0})
     assert "x" in starved.promoted  # its first iteration does not wipe out its wait
+
+
+def _ring_promoted_at(first_bytes: float, startup_read_s: float, rings: Collection[str]) -> float:
+    """When a guard promotes a ring that waits from 0 s on, its first bytes here at
+    `first_bytes`, its first pieces measured from 3 s on (one every 4 s, waiting), the idle
+    before them read as `startup_read_s` of compute until its fourth piece."""
+    guard = StarvationGuard(max_slowdown=2.0, window_s=30.0)
+    for tenth in range(-80, 400):
+        t = tenth / 10
+        pieces = 2 + int(t - 3) // 4 if t >= 3 else 0
+        loads = {"r": load(0.05, startup_read_s if pieces < 4 else 0.1, pieces)} if pieces else {}
+        started = {"r": first_bytes} if t >= first_bytes else {}
+        guard.update(t, loads, {"r"}, started, rings=rings)
+        if "r" in guard.promoted:
+            return t
+    raise AssertionError("never promoted")
+
+
+def test_a_ring_opens_where_it_is_first_measured_on_every_host_alike() -> None:
+    # DDP's broadcast of the model leaves rank 0's host 8 s before the first all-reduce, which
+    # the other hosts see first at 0 s; there the start-up's gap reads as the pieces' compute.
+    rings = frozenset({"r"})
+    rank0 = _ring_promoted_at(-8.0, 8.0, rings)
+    other = _ring_promoted_at(0.0, 0.1, rings)
+    # Opened at its first load (3 s; rank 0's host at its first bytes + MEASURE_GRACE_S, 2 s)
+    # and judged by its pieces, both promote it within about a second (14.7 and 15.8 s).
+    assert abs(rank0 - other) <= 1.5 and 14.0 <= other <= 16.0, (rank0, other)
+    # Judged as a PS job, rank 0's host dates it back to the broadcast and promotes it 4.5 s
+    # before the others (11.0 against 15.5 s).
+    assert _ring_promoted_at(-8.0, 8.0, frozenset()) <= _ring_promoted_at(0.0, 0.1, set()) - 4.0
+
+
+def test_rank_0s_host_keeps_the_green_ring_green_through_its_start_up() -> None:
+    # Two rings; on rank 0's host they sent DDP's broadcast at -12 and -9 s, and their first
+    # pieces are measured from 0 s on (j1's green, j2's waiting below it).
+    rings = frozenset({"j1", "j2"})
+    first_bytes = {"j1": -12.0, "j2": -9.0}
+    greens, policy = [], _pack(starvation_window_s=30.0)
+    for tenth in range(-120, 100, 5):
+        t = tenth / 10
+        done = int(t / 0.5) + 1 if t >= 0 else 0
+        loads = {"j1": load(0.4, 0.1, done), "j2": load(0.4, 0.1, done // 5)} if done else {}
+        started = {job: at for job, at in first_bytes.items() if at <= t}
+        greens.append(policy.evaluate(t, rings, loads, started, rings).green)
+    # From its first bytes, j1 would be young no more at -2 s, still without a load, and go
+    # behind j2, young until -1 s: green here alone, the other hosts holding j1 green.
+    assert set(greens) == {"j1"} and not policy.pack_view().not_iterative
+
+
+def test_a_ring_never_measured_is_promoted_past_its_start_up() -> None:
+    guard = StarvationGuard(max_slowdown=2.0, window_s=10.0)
+    promoted_at = None
+    for t in range(0, 30):
+        guard.update(float(t), {}, {"x"}, {"x": 0.0}, rings={"x"})
+        if promoted_at is None and "x" in guard.promoted:
+            promoted_at = t
+    # Present from MEASURE_GRACE_S after its first bytes, it passes 0.8 x 5 s of lag after 4.
+    assert promoted_at == MEASURE_GRACE_S + 5 and "x" in guard.promoted
 
 
 def test_a_job_green_without_iterating_is_not_promoted_for_its_lag_again() -> None:
