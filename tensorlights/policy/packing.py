@@ -143,6 +143,14 @@ MEASURE_GRACE_S = 10.0
 a job still without a demand (traffic that is not iterative) goes behind the measured. And
 a job green this long without a demand is not iterative: the starvation guard no longer
 promotes it (StarvationGuard.not_iterative)."""
+RING_START_UP_S = 20.0
+"""A ring's clocks (StarvationGuard) open when it is first measured, or this long after its
+first bytes if sooner: on rank 0's host they are DDP's broadcast of the model, 6-12 s before
+the first all-reduce on a 2-core VM (2-4 s on an H200 host). With MEASURE_GRACE_S there, `ps`
+still opened a waiting ring ~5 s before the other hosts did, at its first bytes + 10 s, and
+promoted it 5-8 s before them in c2 (3.2% over TL-RR-original's average, 1.2% with this;
+docs/benchmarks.md). A ring that never gets a load, starved of every piece, waits this long
+more than a PS job would before its lag counts."""
 IDLE_AFTER_S = 10.0
 IDLE_PERIODS = 3.0
 """A measured job neither seen pushing (a push in flight) nor completing an iteration for
@@ -323,7 +331,7 @@ class StarvationGuard:
     A ring (a collective job: `rings`) begins, for every clock the guard keeps of it (its
     span, MEASURE_GRACE_S young, green without a load), when it is first measured here, not
     dated back by its count (its pieces', several per all-reduce while it waits, their gaps
-    read as its compute), or MEASURE_GRACE_S after its first bytes if that comes sooner: its
+    read as its compute), or RING_START_UP_S after its first bytes if that comes sooner: its
     first bytes are not where its iterations begin on every host alike. On rank 0's host,
     and the next of gloo's broadcast tree, they are DDP's broadcast of the model, 6-12 s
     before the first all-reduce that the other hosts see first (a 2-core VM). Counted from
@@ -333,7 +341,7 @@ class StarvationGuard:
     host's pace while they disagreed (traced: results/bench-c2-provisional,
     results/bench-c2-ring-opening). First measured, the hosts open a ring within 0-4 s of
     each other. A ring never measured is still promoted in the end: starved of every piece,
-    it waits MEASURE_GRACE_S more than a PS job would.
+    it waits RING_START_UP_S more than a PS job would.
 
     A job that declared its total iterations N (`declared` in update) and has completed
     `done` < N of them is judged by its deadline instead: it ends within the bound F if it
@@ -397,7 +405,7 @@ class StarvationGuard:
     _history: dict[str, deque[tuple[float, int]]] = field(default_factory=dict)
     _first_seen: dict[str, float] = field(default_factory=dict)
     """When each job began to push (or was first measured); a ring: when first measured, or
-    MEASURE_GRACE_S after its first bytes if sooner (class doc)."""
+    RING_START_UP_S after its first bytes if sooner (class doc)."""
     _iterating_since: dict[str, float] = field(default_factory=dict)
     """When each measured job's iterations began, as of its first measurement."""
     _period_readings: dict[str, dict[int, float]] = field(default_factory=dict)
@@ -554,7 +562,7 @@ class StarvationGuard:
         remaining_s: dict[str, float] = {}  # of the jobs judged by their deadlines
         self.lags, self.spans, self.slack = {}, {}, {}
         for job in sorted(jobs):  # ties among the most behind: by name, not by hash order
-            start_up = MEASURE_GRACE_S if job in rings else 0.0  # a ring's (class doc)
+            start_up = RING_START_UP_S if job in rings else 0.0
             if started is not None and job in started:
                 self._first_seen.setdefault(job, min(started[job], now) + start_up)
             elif started is None or job in loads:
