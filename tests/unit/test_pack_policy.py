@@ -575,6 +575,35 @@ def test_guard_lets_a_job_wait_for_a_sibling_it_ends_in_time_behind() -> None:
     assert not guard.waits_in_time("b", 20.0, loads, {"a", "b"})
 
 
+def _three_siblings_run(green: str | None) -> tuple[int | None, frozenset[str]]:
+    """a, b and c push the same bytes (P = 0.5 s) from 0 s: a at full speed, c at half of
+    it, b at a quarter. When b is first promoted (None: not in 20 s) with `green` green all
+    along, and the jobs the guard kept waiting for their siblings then."""
+    guard = StarvationGuard(max_slowdown=2.0, window_s=20.0)
+    for t in range(0, 20):
+        loads = {"a": load(0.3, 0.2, 2 * t), "b": load(0.3, 0.2, t // 2), "c": load(0.3, 0.2, t)}
+        guard.update(float(t), loads, set(loads), dict.fromkeys(loads, 0.0), green=green)
+        if "b" in guard.promoted:
+            return t, guard.waits_for_siblings
+    return None, guard.waits_for_siblings
+
+
+def test_guard_lets_a_job_wait_for_the_green_sibling_alone() -> None:
+    # b's lag passes its limit (8 s) at 11 s, with a at 22 iterations, c at 11, b at 5. If
+    # all run N >= 22 iterations, b ends by its deadline (2 x N x 0.5 s) waiting for a to end
+    # first (N x 0.5 s at a's pace): at N = 22, 8.5 s of its own left against 11 s. Waiting
+    # for c too (another 11 s at c's pace), it could not: promoted at once. r2 at --scale 3 on
+    # the testbed: waiting for every sibling, the starved job was promoted with the green one
+    # 25-28 iterations of 75 from its end, which then waited 20 s behind it.
+    promoted_at, waiting = _three_siblings_run(green="a")
+    assert promoted_at is None and "b" in waiting  # (c, at half speed, waits in time too)
+    # c green: waiting for it, a slower job, b would end late: promoted.
+    assert _three_siblings_run(green="c") == (11, frozenset())
+    # Nobody green (or b itself): b waits only where it ends in time behind every sibling.
+    assert _three_siblings_run(green=None) == (11, frozenset())
+    assert _three_siblings_run(green="b") == (11, frozenset())
+
+
 def test_guard_aims_for_a_feasible_bound_and_promotes_only_what_fits() -> None:
     guard = StarvationGuard(max_slowdown=2.0, window_s=20.0)
     # Five jobs of demand 0.5: together they need 2.5 links, so 2x cannot hold for all.
