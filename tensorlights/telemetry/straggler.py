@@ -262,7 +262,10 @@ class StragglerTracker:
         self.met_mid_run: set[str] = set()
         """Jobs with a connection first seen having acknowledged a push's worth before
         their first push was dated: the agent met them running, their count of iterations
-        misses the first ones."""
+        misses the first ones. Unless the next push shows that what each such connection
+        had carried was its first push (the module doc), counted then: a job that pushes
+        at once met at its start, as m3's first job on each host was, left no run length
+        for its siblings (SiblingRuns)."""
         self.collective: frozenset[str] = frozenset()
         """Jobs of ranks (all-reduce rings): their steps are joined (see the module doc)."""
 
@@ -731,6 +734,8 @@ class StragglerTracker:
             first_iteration = _first_seen_in_part(job, done, started_after)
             if first_iteration is not None:
                 before = first_iteration.last_done
+                # Met during its first push, not after it: counted from its start after all.
+                self.met_mid_run.discard(job)
         idle = None
         if before is not None and math.isfinite(started_after) and math.isfinite(started_by):
             idle = max(0.0, _began(started_after, started_by) - before)

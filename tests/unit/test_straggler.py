@@ -199,6 +199,33 @@ def test_connections_first_seen_in_their_first_push_report_the_first_iteration()
     assert closed[0].pushed_bytes == 2 * MODEL
 
 
+def met_during(iteration: int, pushes: int) -> tuple[set[str], set[str]]:
+    """A job of two connections first seen 50 ms into their push of `iteration`, sampled
+    every 100 ms until its last push ended: met_mid_run after its first sample and after
+    its last."""
+    connections = job_pushes(pushes, [[0.0, 0.05]] * pushes)
+    tracker = StragglerTracker(min_push_bytes=1000)
+    now = connections[0].pushes[iteration][0] + 0.05
+    tracker.observe(now, [("j", str(i), c.info(now)) for i, c in enumerate(connections)])
+    met_first = set(tracker.met_mid_run)
+    while now < max(c.pushes[-1][1] for c in connections) + 0.5:
+        now = round(now + 0.1, 6)
+        tracker.observe(now, [("j", str(i), c.info(now)) for i, c in enumerate(connections)])
+    return met_first, set(tracker.met_mid_run)
+
+
+def test_a_job_met_in_its_first_push_is_counted_from_its_start() -> None:
+    # The agent met m3's first job on each host with a push's worth acknowledged: until the
+    # next push shows that was its first push (the test above), its count may miss
+    # iterations; after, it has them all and, ended, leaves its length to its siblings
+    # (SiblingRuns).
+    assert met_during(0, pushes=4) == ({"j"}, set())
+
+
+def test_a_job_met_after_its_first_push_stays_met_mid_run() -> None:
+    assert met_during(1, pushes=5) == ({"j"}, {"j"})
+
+
 def test_connections_first_seen_after_earlier_pushes_are_not_measured_for_that_push() -> None:
     """First seen mid-push with two pushes' bytes behind it (an agent started while the job
     trains): that push may be any iteration's, and only anchors the next one's period."""
