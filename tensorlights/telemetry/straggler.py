@@ -262,10 +262,10 @@ class StragglerTracker:
         self.met_mid_run: set[str] = set()
         """Jobs with a connection first seen having acknowledged a push's worth before
         their first push was dated: the agent met them running, their count of iterations
-        misses the first ones. Unless the next push shows that what each such connection
-        had carried was its first push (the module doc), counted then: a job that pushes
-        at once met at its start, as m3's first job on each host was, left no run length
-        for its siblings (SiblingRuns)."""
+        misses the first ones. Cleared once the next push shows that what each such
+        connection had carried was its first push (the module doc): its count is whole
+        then. Kept for good, a job that pushes as soon as it connects, met at its start
+        (m3's first job on most hosts), left its siblings no run length (SiblingRuns)."""
         self.collective: frozenset[str] = frozenset()
         """Jobs of ranks (all-reduce rings): their steps are joined (see the module doc)."""
 
