@@ -11,7 +11,7 @@ from hypothesis import given, settings
 from hypothesis import strategies as st
 
 from tensorlights.model import TcpInfo
-from tensorlights.telemetry.straggler import MAX_OPEN_ITERATION_S, StragglerTracker
+from tensorlights.telemetry.straggler import MAX_OPEN_ITERATION_S, Iteration, StragglerTracker
 
 MODEL = 1_000_000
 GRADIENT = 4096
@@ -87,7 +87,7 @@ def serial_pushes(
 
 def run(
     connections: list[FakeConnection], until: float, every: float = 0.1, collective: bool = False
-) -> list:
+) -> list[Iteration]:
     tracker = StragglerTracker(min_push_bytes=1000)
     tracker.collective = frozenset({"job"} if collective else ())
     closed = []
@@ -170,16 +170,25 @@ def test_small_messages_are_not_pushes_and_bytes_are_counted() -> None:
     assert tracker.sent_bytes["job"] == 600
 
 
-def watched_from(connections: list[FakeConnection], start: float) -> list:
-    """A tracker that first sees the connections at `start`, sampling every 100 ms."""
-    tracker = StragglerTracker(min_push_bytes=1000)
-    closed = []
+def sampled(
+    tracker: StragglerTracker, connections: list[FakeConnection], start: float, until: float
+) -> tuple[list[Iteration], float]:
+    """Job "j"'s connections shown to `tracker` every 100 ms from `start` while before
+    `until`: the iterations it reported, and when the next sample would be."""
+    closed: list[Iteration] = []
     now = start
-    while now < 10:
+    while now < until:
         closed += tracker.observe(
             now, [("j", str(i), c.info(now)) for i, c in enumerate(connections)]
         )
         now = round(now + 0.1, 6)
+    return closed, now
+
+
+def watched_from(connections: list[FakeConnection], start: float) -> list[Iteration]:
+    """A tracker that first sees the connections at `start`, sampling every 100 ms."""
+    tracker = StragglerTracker(min_push_bytes=1000)
+    closed, now = sampled(tracker, connections, start, 10)
     return closed + tracker.observe(now, [])  # ended (within a second of its first push)
 
 
@@ -205,12 +214,10 @@ def met_during(iteration: int, pushes: int) -> tuple[set[str], set[str]]:
     its last."""
     connections = job_pushes(pushes, [[0.0, 0.05]] * pushes)
     tracker = StragglerTracker(min_push_bytes=1000)
-    now = connections[0].pushes[iteration][0] + 0.05
-    tracker.observe(now, [("j", str(i), c.info(now)) for i, c in enumerate(connections)])
+    first_seen = connections[0].pushes[iteration][0] + 0.05
+    _, now = sampled(tracker, connections, first_seen, first_seen + 0.05)  # one sample
     met_first = set(tracker.met_mid_run)
-    while now < max(c.pushes[-1][1] for c in connections) + 0.5:
-        now = round(now + 0.1, 6)
-        tracker.observe(now, [("j", str(i), c.info(now)) for i, c in enumerate(connections)])
+    sampled(tracker, connections, now, max(c.pushes[-1][1] for c in connections) + 0.5)
     return met_first, set(tracker.met_mid_run)
 
 
