@@ -55,11 +55,13 @@ between two steps would see one push end, an answer, and the next push. Where th
 on a connection starts within half the job's usual idle time of the last one's end, it is
 the same all-reduce's next step, joined; the iteration closes only that long after its last
 completion. The usual idle time is the shortest idle_before_s of its last IDLES_KEPT
-iterations but those under a third of their median: a step measured apart (after a gap of
-milliseconds) is one of those while fewer than half of them are (once joined, none is), so
-what is left is the compute between all-reduces, whose shortest is the one that matters
-(DDP ranks on 2 busy cores: 0.09-0.28 s between all-reduces for 100 ms of padded compute;
-the steps' gaps 20-40 ms); no pause or long wait at the start counts. A start window's
+iterations and the open one's but those under their upper median / STEP_CUT: a step
+measured apart (after a gap of milliseconds) is one of those while no more than half of
+them are (once joined, none is; the open iteration's own idle time is what keeps a ring
+split at every all-reduce at half), so what is left is the compute between all-reduces,
+whose shortest is the one that matters (DDP ranks on 2 busy cores: 0.09-0.28 s between
+all-reduces for 100 ms of padded compute; the steps' gaps 20-40 ms); no pause or long wait
+at the start counts. A start window's
 middle stands for when a push began, as in idle_before_s. Should iterations be joined all
 the same, one open for MAX_OPEN_ITERATION_S closes and the idle times are learnt again.
 
@@ -110,6 +112,12 @@ two pushes would be twice)."""
 IDLES_KEPT = 9
 """Recent iterations' idle times before remembered per job (see `_step_window`)."""
 IDLES_TO_JOIN = 3
+STEP_CUT = 2.5
+"""A collective job's idle time under its recent ones' upper median / this is a step's (a
+split all-reduce's); the shortest of the rest is its compute. With 3 a step that waited 20
+ms for its peer, measured at 33 ms sampling (the sampler's pace for 100 ms of compute),
+passed for compute and the ring stayed split; with 2, compute varying 0.5-3x merged more
+all-reduces (docs/design.md)."""
 """A collective job's steps are joined once it has this many idle times measured (of two,
 the start's long wait would make the median)."""
 
@@ -518,12 +526,22 @@ class StragglerTracker:
     def _step_window(self, job: str, state: _Job) -> float:
         """How soon after a push's end the next push on its connection is the same
         all-reduce's next step: half the shortest of the job's recent idle times that are
-        not a step's, under a third of their median (0: not a collective job, or not
-        measured yet)."""
-        if job not in self.collective or len(state.idles) < IDLES_TO_JOIN:
+        not a step's, under their upper median / STEP_CUT (0: not a collective job, or not
+        measured yet). The open iteration's own idle time counts: of a ring whose every
+        all-reduce is seen in two pieces, the idle times kept alternate, a step's after a
+        compute, and when its first piece is to be closed or joined the kept ones end with
+        a step's; without its own compute, nine of them hold five steps' and the median is
+        a step's, so the pieces were never joined (a sampler in lockstep with the steps)."""
+        if job not in self.collective:
             return 0.0
-        cut = statistics.median(state.idles) / 3
-        return min(idle for idle in state.idles if idle >= cut) / 2
+        idles = list(state.idles)
+        after, by = state.window
+        if state.open and state.last_done is not None and math.isfinite(after + by):
+            idles.append(max(0.0, _began(after, by) - state.last_done))
+        if len(idles) < IDLES_TO_JOIN:
+            return 0.0
+        cut = statistics.median_high(idles) / STEP_CUT
+        return min(idle for idle in idles if idle >= cut) / 2
 
     def _step_may_follow(self, job: str, state: _Job, now: float) -> bool:
         """A collective job's open iteration may still get its all-reduce's next step: a

@@ -79,9 +79,15 @@ def test_a_ddp_job_is_found_shaped_and_measured_with_no_configuration(
     # steps are joined once the job's compute is known (3 iterations): 6 quiet runs of each
     # had 0-1 all-reduce measured in two parts, the first, and 18-19 of 19 periods right;
     # before the joining, 0-1 a run anywhere, 3 in one of 24, 2-3 under CPU load
-    # (docs/design.md).
+    # (docs/design.md). In CI on 2026-12-06, 13 of 19, the last five right: as when the
+    # first all-reduces are seen in halves and the ring counter takes a half for the
+    # all-reduce's bytes (replayed, the same 6 misses: whole ones reported as two each at
+    # half the period); ring_count.py waits for the best candidate now.
     # Not the spread: this host sees its own rank's sends only, so what it measures is not
     # how far apart the ranks finished.
     agreement = compare(received, measured[job.job])
-    assert agreement.matched >= ITERATIONS - 3, agreement
-    assert agreement.period_ok >= agreement.period_checked - 2, agreement
+    # Whole on failure (pytest cuts a long repr in the middle, where the periods are).
+    errors = " ".join(f"{error * 1000:+.0f}" for error in agreement.period_errors)
+    told = f"matched {agreement.matched}, period errors (ms): {errors}"
+    assert agreement.matched >= ITERATIONS - 3, told
+    assert agreement.period_ok >= agreement.period_checked - 2, told

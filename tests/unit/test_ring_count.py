@@ -105,6 +105,20 @@ def test_a_recurring_fraction_of_the_all_reduce_is_not_taken_for_it() -> None:
     assert abs(counter.bytes_per_iteration - B) < 0.01 * B
 
 
+def test_a_split_piece_marking_enough_ends_first_waits_for_the_all_reduce() -> None:
+    """A two-rank ring's first two all-reduces split in halves, then whole (the DDP test in
+    CI, 2026-12-06): the halves mark every end, so they reached MIN_MARKED a piece before
+    the whole all-reduce did, and 1 MB was taken for B: four whole all-reduces were reported
+    as two each, at half the period. B scores higher; it is waited for."""
+    half = B // 2
+    sizes = [B, half, half, half, half] + [B] * 12
+    counter = RingCounter()
+    reported = [it for i, size in enumerate(sizes) for it in counter.add(_piece(i, size))]
+    assert counter.bytes_per_iteration == B
+    assert [it.count for it in reported] == [1] * len(reported)
+    assert sum(it.pushed_bytes for it in reported[1:]) == B * (len(reported) - 1)
+
+
 def test_merged_all_reduces_report_their_count_and_mean_period() -> None:
     counter = RingCounter()
     reported = []

@@ -549,6 +549,34 @@ def test_a_rings_steps_seen_apart_are_one_iteration_of_a_collective_job(
         assert iteration.pushed_bytes == 2 * (ranks - 1) * MODEL
 
 
+@settings(max_examples=30, deadline=None)
+@given(
+    st.sampled_from([0.004, 0.008, 0.02]),
+    st.sampled_from([0.005, 0.033]),
+    st.floats(0, 1),
+    st.integers(0, 2**32),
+)
+def test_a_ring_seen_apart_at_every_all_reduce_from_its_start_is_joined(
+    between: float, every: float, phase: float, seed: int
+) -> None:
+    """Sampled faster than its steps' gap (5 ms: the pace the peer's steps set as answers
+    before the job's idle time is known), a two-rank ring is seen in two pieces at every
+    all-reduce from its start, its idle times alternating a step's and a compute's; and a
+    step that waited 20 ms for its peer, sampled at 33 ms (the pace 100 ms of compute sets),
+    reads up to 30 ms. Before, the median of nine such idle times was a step's and the
+    ring stayed split for good. Joined within the first four all-reduces now."""
+    conn, ends = ring_rank(20, 0.1, 0.02, between, jitter=random.Random(seed))
+    conn.pushes = [(a + phase * every, b + phase * every) for a, b in conn.pushes]
+    conn.answers = [at + phase * every for at in conn.answers]
+    ends = [end + phase * every for end in ends]
+    joined = run([conn], ends[-1] + 2, every, collective=True)
+    settled = [it for it in joined if it.last_done > ends[3] + 0.001]
+    assert [round(it.last_done, 3) for it in settled] == [round(end, 3) for end in ends[4:]]
+    for iteration, end, before in zip(settled, ends[4:], ends[3:-1], strict=True):
+        assert iteration.period == pytest.approx(end - before, abs=0.003)
+        assert iteration.pushed_bytes == 2 * MODEL
+
+
 def test_a_collective_jobs_iterations_joined_past_pauses_are_learnt_again() -> None:
     """Five 5 s pauses (checkpoints) in nine iterations make a two-rank ring's idle time
     read 5 s: its iterations join for up to MAX_OPEN_ITERATION_S, then it is learnt again
@@ -562,6 +590,9 @@ def test_a_collective_jobs_iterations_joined_past_pauses_are_learnt_again() -> N
     joined = run([conn], ends[-1] + 2, 0.033, collective=True)
     runaway = [it for it in joined if it.pushed_bytes > 2 * MODEL]
     assert len(runaway) == 1
-    assert runaway[0].period == pytest.approx(MAX_OPEN_ITERATION_S, abs=0.2)
+    # Open from its first push's start (after a pause, here) for MAX_OPEN_ITERATION_S.
+    idle = runaway[0].idle_before_s
+    assert idle is not None
+    assert runaway[0].period == pytest.approx(idle + MAX_OPEN_ITERATION_S, abs=0.2)
     tail = [it for it in joined if it.last_done > ends[-20] + 0.001]
     assert [round(it.last_done, 3) for it in tail] == [round(end, 3) for end in ends[-19:]]
