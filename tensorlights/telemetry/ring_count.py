@@ -19,8 +19,9 @@ it; a multiple of B (two all-reduces merged) has spans of one but marks about ha
 ends; B itself loses only the splits' ends and the merges' spans. The best candidate is
 waited for until it has marked MIN_MARKED ends (a fraction marks more, so it would get there
 first), and a B learnt is kept while it scores within WAIT_MARGIN of the best (a short run's
-merged pairs may outscore it by a little). Until B is known the pieces are held; then the iterations are reported from the first marked end on, each
-standing for the multiples of B its bytes span (`Iteration.count`).
+merged pairs may outscore it by a little). Until B is known the pieces are held; then the
+iterations are reported from the first marked end on, each standing for the multiples of B
+its bytes span (`Iteration.count`).
 
 The first reported iteration, at the first marked end a whole B in, counts one whatever its
 bytes: the start-up's bytes cannot be told from an iteration's there (a broadcast of 16 MB

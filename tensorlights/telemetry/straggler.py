@@ -61,9 +61,9 @@ them are (once joined, none is; the open iteration's own idle time is what keeps
 split at every all-reduce at half), so what is left is the compute between all-reduces,
 whose shortest is the one that matters (DDP ranks on 2 busy cores: 0.09-0.28 s between
 all-reduces for 100 ms of padded compute; the steps' gaps 20-40 ms); no pause or long wait
-at the start counts. A start window's
-middle stands for when a push began, as in idle_before_s. Should iterations be joined all
-the same, one open for MAX_OPEN_ITERATION_S closes and the idle times are learnt again.
+at the start counts. A start window's middle stands for when a push began, as in
+idle_before_s. Should iterations be joined all the same, one open for MAX_OPEN_ITERATION_S
+closes and the idle times are learnt again.
 
 The iteration's start window is that of its first push. Spread = last completion - first;
 period = time between the last completions of consecutive iterations; push time = last
@@ -112,14 +112,14 @@ two pushes would be twice)."""
 IDLES_KEPT = 9
 """Recent iterations' idle times before remembered per job (see `_step_window`)."""
 IDLES_TO_JOIN = 3
+"""A collective job's steps are joined once it has this many idle times measured (of two,
+the start's long wait would make the median)."""
 STEP_CUT = 2.5
 """A collective job's idle time under its recent ones' upper median / this is a step's (a
 split all-reduce's); the shortest of the rest is its compute. With 3 a step that waited 20
 ms for its peer, measured at 33 ms sampling (the sampler's pace for 100 ms of compute),
 passed for compute and the ring stayed split; with 2, compute varying 0.5-3x merged more
 all-reduces (docs/design.md)."""
-"""A collective job's steps are joined once it has this many idle times measured (of two,
-the start's long wait would make the median)."""
 
 
 @dataclass(frozen=True)
