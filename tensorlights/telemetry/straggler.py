@@ -535,9 +535,8 @@ class StragglerTracker:
         if job not in self.collective:
             return 0.0
         idles = list(state.idles)
-        after, by = state.window
-        if state.open and state.last_done is not None and math.isfinite(after + by):
-            idles.append(max(0.0, _began(after, by) - state.last_done))
+        if state.open and (idle := _idle_before(state.window, state.last_done)) is not None:
+            idles.append(idle)
         if len(idles) < IDLES_TO_JOIN:
             return 0.0
         cut = statistics.median_high(idles) / STEP_CUT
@@ -754,9 +753,8 @@ class StragglerTracker:
                 before = first_iteration.last_done
                 # Met during its first push, not after it: counted from its start after all.
                 self.met_mid_run.discard(job)
-        idle = None
-        if before is not None and math.isfinite(started_after) and math.isfinite(started_by):
-            idle = max(0.0, _began(started_after, started_by) - before)
+        idle = _idle_before((started_after, started_by), before)
+        if idle is not None:
             state.idles.append(idle)
         iteration = _iteration(job, done, before, idle)
         state.last_done = last
@@ -771,6 +769,15 @@ def _began(after: float, by: float) -> float:
     """When a push began, read from its start window (after the last sample that saw its
     connection idle, by the first that saw it busy): the window's middle."""
     return (after + by) / 2
+
+
+def _idle_before(window: tuple[float, float], before: float | None) -> float | None:
+    """From `before` (the previous iteration's last completion) to when the push whose start
+    `window` is began; None where either is unknown."""
+    after, by = window
+    if before is None or not (math.isfinite(after) and math.isfinite(by)):
+        return None
+    return max(0.0, _began(after, by) - before)
 
 
 def _joined(first: Completion, rest: Completion) -> Completion:

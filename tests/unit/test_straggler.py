@@ -484,6 +484,13 @@ def test_a_job_met_running_is_marked_so_its_count_misses_its_first_iterations() 
     assert tracker.met_mid_run == set()  # gone with the job
 
 
+def shifted(conn: FakeConnection, ends: list[float], by: float) -> list[float]:
+    """`conn`'s pushes and answers moved `by` seconds later; returns `ends` moved alike."""
+    conn.pushes = [(a + by, b + by) for a, b in conn.pushes]
+    conn.answers = [at + by for at in conn.answers]
+    return [end + by for end in ends]
+
+
 def ring_rank(
     iterations: int,
     compute: float,
@@ -535,9 +542,7 @@ def test_a_rings_steps_seen_apart_are_one_iteration_of_a_collective_job(
     else:  # sampled under half the compute, as quiet rounds need
         between, every, compute = 0.002, 0.05, max(compute, 0.2)
     conn, ends = ring_rank(20, compute, step, between, ranks, random.Random(seed))
-    conn.pushes = [(a + phase * every, b + phase * every) for a, b in conn.pushes]
-    conn.answers = [at + phase * every for at in conn.answers]
-    ends = [end + phase * every for end in ends]
+    ends = shifted(conn, ends, phase * every)
     joined = run([conn], ends[-1] + 2, every, collective=True)
     # Until IDLES_TO_JOIN idle times are known (and while more than half of them are of a
     # step measured apart), steps may be iterations of their own.
@@ -566,9 +571,7 @@ def test_a_ring_seen_apart_at_every_all_reduce_from_its_start_is_joined(
     reads up to 30 ms. Before, the median of nine such idle times was a step's and the
     ring stayed split for good. Joined within the first four all-reduces now."""
     conn, ends = ring_rank(20, 0.1, 0.02, between, jitter=random.Random(seed))
-    conn.pushes = [(a + phase * every, b + phase * every) for a, b in conn.pushes]
-    conn.answers = [at + phase * every for at in conn.answers]
-    ends = [end + phase * every for end in ends]
+    ends = shifted(conn, ends, phase * every)
     joined = run([conn], ends[-1] + 2, every, collective=True)
     settled = [it for it in joined if it.last_done > ends[3] + 0.001]
     assert [round(it.last_done, 3) for it in settled] == [round(end, 3) for end in ends[4:]]
