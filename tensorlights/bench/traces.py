@@ -24,8 +24,9 @@ JOB_NAME = re.compile(r"-(j\d+)-")
 
 
 def trace_name(run: str, host: str) -> str:
-    """The trace file of `run` (SCENARIO-POLICY-REP) on `host` (kept gzipped: + .gz)."""
-    return f"{run}-{host}.jsonl"
+    """The trace file of `run` (SCENARIO-POLICY-REP) on `host`, gzipped (folders recorded
+    before 2026-12-06 hold them plain, or gzipped by hand: both read the same)."""
+    return f"{run}-{host}.jsonl.gz"
 
 
 @dataclass(frozen=True)

@@ -3,6 +3,7 @@ and the baselines' real `tc` trees; the report is written and a rerun resumes.""
 
 from __future__ import annotations
 
+import gzip
 import json
 import os
 import subprocess
@@ -33,8 +34,9 @@ def test_a_quick_benchmark_runs_every_policy_and_writes_the_report(tmp_path: Pat
     assert set(by_policy) == {"alone", "fifo", "fair", "tl-rr-original", "rotate"}
     # The agent's status, read through the run, is kept (only the agent's run has one), on
     # the clock of the run's moves of the light: the same moves are in both.
-    assert [p.name for p in (out / "status").iterdir()] == ["b-rotate-0-ps.jsonl"]
-    reads = [json.loads(line) for line in (out / "status" / "b-rotate-0-ps.jsonl").open()]
+    assert [p.name for p in (out / "status").iterdir()] == ["b-rotate-0-ps.jsonl.gz"]
+    with gzip.open(out / "status" / "b-rotate-0-ps.jsonl.gz", "rt") as trace:
+        reads = [json.loads(line) for line in trace]
     at = [read["at_s"] for read in reads]
     assert len(reads) >= 5 and at == sorted(at)
     assert reads[-1]["status"]["policy"] == "rotate"
@@ -203,10 +205,8 @@ def test_real_pytorch_jobs_sharded_over_ps_hosts_are_found_on_each_host(tmp_path
     # Each host's agent found exactly the jobs with a PS rank there, by process.
     placed = {"ps": {"j1", "j3", "j4"}, "ps2": {"j1", "j2"}, "ps3": {"j2", "j3"}}
     for host, names in placed.items():
-        reads = [
-            json.loads(line)
-            for line in (out / "status" / f"m5-controller-pack-0-{host}.jsonl").open()
-        ]
+        with gzip.open(out / "status" / f"m5-controller-pack-0-{host}.jsonl.gz", "rt") as trace:
+            reads = [json.loads(line) for line in trace]
         found = {
             job.split("-")[1]
             for read in reads
