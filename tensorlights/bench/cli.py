@@ -98,9 +98,10 @@ def main() -> None:
 @click.option(
     "--status-traces", is_flag=True,
     help="Keep each agent's status, read every 0.5 s, in OUT/status/SCENARIO-POLICY-REP-HOST"
-    ".jsonl.gz (`zcat` reads it): the JSON `tensorlights-agent status --json` prints (each job's measured load, "
-    "the starvation guard's lags and slack, the bands), with at_s, seconds from the jobs' "
-    "start as the report times the light. To see why a policy did what it did.",
+    ".jsonl.gz (`zcat` reads it): the JSON `tensorlights-agent status --json` prints (each "
+    "job's measured load, the starvation guard's lags and slack, the bands), with at_s, "
+    "seconds from the jobs' start as the report times the light. To see why a policy did "
+    "what it did.",
 )  # fmt: skip
 @click.option(
     "--rerun-disturbed", is_flag=True,
