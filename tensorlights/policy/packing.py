@@ -358,7 +358,12 @@ class StarvationGuard:
     the time left shrink alike, so the same rule would release it at once and promote it
     again as soon as it waited. (Unless another job promoted by its deadline, which cannot
     share the link with it, has SLACK_SWAP_S less slack, or half R if less: that one goes
-    first.) P is the
+    first. A job past its lag's limit that was never measured -- starved from its start,
+    no iteration of it counted, so no length nor deadline -- goes among those that pass
+    it by the slack it would have as long as the longest job judged by its deadline here,
+    (F - 1) x that length - its lag: in (f) at `--scale 3` the fifth job, starved from its
+    start, waited while a third job passed the one held and held the turn itself, and
+    ended at 2.54x (traced). Its guessed length alone passes nobody.) P is the
     shortest JobLoad.deadline_period_s the job has read so far (from its MEASURED_AFTER-th
     iteration on, and the latest one): waiting only
     lengthens the reading, and its slack moves by N x (F - 1) + done times any change of P
@@ -566,6 +571,7 @@ class StarvationGuard:
         waiting: set[str] = set()
         idle: set[str] = set()
         remaining_s: dict[str, float] = {}  # of the jobs judged by their deadlines
+        lengths: dict[str, float] = {}  # their standalone lengths (seconds)
         self.lags, self.spans, self.slack = {}, {}, {}
         for job in sorted(jobs):  # ties among the most behind: by name, not by hash order
             start_up = RING_START_UP_S if job in rings else 0.0
@@ -616,6 +622,7 @@ class StarvationGuard:
                 remaining, left = self.remaining(job, now, load, total)
                 self.slack[job] = left - remaining
                 remaining_s[job] = remaining
+                lengths[job] = total * self.period(job, load)
                 if job in self.promoted or remaining > DEADLINE_AT * left:
                     candidates[job] = lag
                 continue
@@ -637,12 +644,19 @@ class StarvationGuard:
         # share the link and all stay behind. A job never measured counts as a whole link.
         # A held job promoted by its deadline gives its turn to one whose slack fell
         # SLACK_SWAP_S below its own (half its remaining time, if less) and cannot share the
-        # link with it.
+        # link with it. An overdue job never measured goes among those that pass it by the
+        # slack it would have as long as the longest of those (class doc).
         demands = {job: loads[job].demand if job in loads else 1.0 for job in candidates}
         held = [job for job in self.promoted if job in candidates]
+        slack = dict(self.slack)
+        if lengths:
+            longest = max(lengths.values())
+            for job in candidates:
+                if job not in loads:
+                    slack[job] = (self.effective_bound - 1) * longest - self.lags[job]
         overdue = sorted(
-            (job for job in candidates if job not in held and job in self.slack),
-            key=self.slack.__getitem__,
+            (job for job in candidates if job not in held and job in slack),
+            key=slack.__getitem__,
         )
         passed_by: list[str] = []
         for job in list(held):
@@ -652,10 +666,9 @@ class StarvationGuard:
             passing = [
                 other
                 for other in overdue
-                if self.slack[other] < self.slack[job] - margin
-                and demands[job] + demands[other] > 1.0
+                if slack[other] < self.slack[job] - margin and demands[job] + demands[other] > 1.0
             ]
-            if passing:
+            if any(other in self.slack for other in passing):
                 held.remove(job)
                 passed_by += [other for other in passing if other not in passed_by]
         ahead = passed_by + held

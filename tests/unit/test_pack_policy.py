@@ -952,3 +952,26 @@ def test_two_jobs_past_their_deadlines_take_turns_least_slack_first() -> None:
         (18, "a"), (22, "b"), (30, "a"), (38, "b"), (45, "a"), (50, "b"), (54, "a"), (57, "b")
     ]  # fmt: skip
     assert ended == {"a": 57, "b": 58}
+
+
+def test_a_job_never_measured_takes_a_turn_passed_on_if_its_slack_would_be_least() -> None:
+    # a and b as in the test above; u pushed from 0 s too and was never measured (starved in
+    # the lowest band: no iteration to count). Its lag, all its time, passes its limit (40 s
+    # of a 100 s window at 2x) at 41 s. As long as a and b (20 s) it would have 20 - 45 =
+    # -25 s of slack at 45 s, when a's (-13 s) falls 3 s below b's (-10 s), which holds the
+    # turn: u takes it instead of a (f at `--scale 3` traced: the job starved from its start
+    # waited for two such turns and ended at 2.54x). A guessed length alone passes nobody:
+    # from 41 to 44 s b keeps its turn.
+    guard = StarvationGuard(max_slowdown=2.0, window_s=100.0)
+    jobs = {"a", "b", "u"}
+    done = {"a": 0, "b": 0}
+    turns: list[tuple[int, str]] = []
+    for t in range(0, 46):
+        for job in guard.promoted:
+            done[job] += 2
+        loads = {job: load(0.3, 0.2, iterations, busy=True) for job, iterations in done.items()}
+        guard.update(float(t), loads, jobs, dict.fromkeys(jobs, 0.0), {"a": 40, "b": 40})
+        green = next(iter(guard.promoted), None)
+        if green is not None and (not turns or turns[-1][1] != green):
+            turns.append((t, green))
+    assert turns == [(18, "a"), (22, "b"), (30, "a"), (38, "b"), (45, "u")]
