@@ -571,7 +571,6 @@ class StarvationGuard:
         waiting: set[str] = set()
         idle: set[str] = set()
         remaining_s: dict[str, float] = {}  # of the jobs judged by their deadlines
-        lengths: dict[str, float] = {}  # their standalone lengths (seconds)
         self.lags, self.spans, self.slack = {}, {}, {}
         for job in sorted(jobs):  # ties among the most behind: by name, not by hash order
             start_up = RING_START_UP_S if job in rings else 0.0
@@ -622,7 +621,6 @@ class StarvationGuard:
                 remaining, left = self.remaining(job, now, load, total)
                 self.slack[job] = left - remaining
                 remaining_s[job] = remaining
-                lengths[job] = total * self.period(job, load)
                 if job in self.promoted or remaining > DEADLINE_AT * left:
                     candidates[job] = lag
                 continue
@@ -649,11 +647,11 @@ class StarvationGuard:
         demands = {job: loads[job].demand if job in loads else 1.0 for job in candidates}
         held = [job for job in self.promoted if job in candidates]
         slack = dict(self.slack)
-        if lengths:
-            longest = max(lengths.values())
-            for job in candidates:
-                if job not in loads:
-                    slack[job] = (self.effective_bound - 1) * longest - self.lags[job]
+        unmeasured = [job for job in candidates if job not in loads]
+        if unmeasured and remaining_s:
+            longest = max(declared[job] * self.period(job, loads[job]) for job in remaining_s)
+            for job in unmeasured:
+                slack[job] = (self.effective_bound - 1) * longest - self.lags[job]
         overdue = sorted(
             (job for job in candidates if job not in held and job in slack),
             key=slack.__getitem__,
