@@ -289,6 +289,17 @@ def _jobs(
     )
 
 
+SWEEP_ITERATIONS = (50, 25, 10)
+"""g's and r5's trials, in arrival order (longest first)."""
+
+
+def _sweep(workload: str, compute_s: float) -> tuple[JobSpec, ...]:
+    return tuple(
+        JobSpec(f"j{i + 1}", 4 * MB, 2, compute_s, iterations, 0.5 * i, workload)
+        for i, iterations in enumerate(SWEEP_ITERATIONS)
+    )
+
+
 SCENARIOS: dict[str, Scenario] = {
     s.key: s
     for s in (
@@ -337,6 +348,14 @@ SCENARIOS: dict[str, Scenario] = {
             "fixed order the last ones wait for the first ones to finish.",
             _jobs(5, 4, 2, 0.25, 25),
         ),
+        Scenario(
+            "g",
+            "a sweep's trials, longest first",
+            "3 jobs x 2 workers, 4 MB model, 250 ms compute, of 50, 25 and 10 iterations, "
+            "arriving 0.5 s apart in that order: the same model, so equal demands, and "
+            "only a declared length tells the short trial from the long one.",
+            _sweep("synthetic", 0.25),
+        ),
         # Real frameworks (testbed/workloads.py): launched with their launchers' variables,
         # found by discovery alone; --compute stands for the accelerator's step.
         Scenario(
@@ -372,6 +391,13 @@ SCENARIOS: dict[str, Scenario] = {
         # Several PS hosts (each shaped): jobs sharded over PS tasks on two of them, mixed with
         # jobs whose PS sits on one. A worker waits for its slowest shard. The jobs outlast
         # the prototype's 20 s rotation a few times over (M_ITERATIONS).
+        Scenario(
+            "r5",
+            "PyTorch gloo, a sweep's trials, longest first",
+            "g's sweep as gloo send/recv PS jobs x 2 workers, 4 MB model, 150 ms compute, "
+            "of 50, 25 and 10 iterations, arriving 0.5 s apart in that order.",
+            _sweep("torch-gloo", 0.15),
+        ),
         Scenario(
             "m1",
             "2 sharded jobs on 2 PS hosts",

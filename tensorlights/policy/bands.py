@@ -219,13 +219,17 @@ class BandPolicy:
         for job in self._order:
             if job not in current:
                 self._join(current, job, spanning)
-        demands = ordering_demands(loads, self.on_top.counts, current[0])
+        declared = declared or {}
+        demands = ordering_demands(loads, self.on_top.counts, current[0], declared=declared)
+        remaining = self._guard.remaining_work(loads, declared, current[0])
         # Kept in place: jobs still being measured or not pushing yet (young), and measured
         # ones whose demand does not order them yet (ordering_demands); a job with no load
         # past the grace (not iterative) goes behind.
         young = self._guard.young(now, MEASURE_GRACE_S, present)
         holding = (young | frozenset(loads)) - frozenset(demands)
-        desired = pack_order(current, demands, self._guard.promoted, holding=holding)
+        desired = pack_order(
+            current, demands, self._guard.promoted, holding=holding, remaining=remaining
+        )
         # ... a reorder waits for the green job's push to end (its iteration boundary), but
         # for a job promoted by its deadline: every second of its slack counts (r2: promoted
         # with 0.6-1.2 s of slack, the green job's pushes held it 1 s more, it ended late).

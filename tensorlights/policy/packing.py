@@ -27,8 +27,14 @@ speed (a shared FIFO band would instead keep their pushes locked in phase, each 
 the other) -- then jobs not measured yet. Demands within x1.3 of a group's smallest count
 as equal, so measurement noise does not reorder equal jobs; within a group, remaining work
 decides where it is known (the controller passes Slurm time limits: the soonest to end
-first), the order in force otherwise, and under the controller a job no job ahead holds back
-on any of its hosts goes first (free_first). A job's demand orders it once it
+first; where every job of the group declared its iterations, the least remaining standalone
+time first, REMAINING_BUCKET), the order in force otherwise, and under the controller a job
+no job ahead holds back on any of its hosts goes first (free_first). A waiting job that
+declared its iterations and pushes the green job's bytes (a trial of the same model: a
+sweep's trials launched longest first) joins the green job's group before its own demand
+can be believed, so its length can put it first: without that, the short trial waited in a
+lower band for the long one to end, as under TL-One (the benchmark's g and r5). A job's
+demand orders it once it
 rests on MEASURED_AFTER iterations measured on top (green): below another job, real
 frameworks' idle before their pushes reads 2-5x their compute (TensorFlow's even where its
 pushes look unhindered), their demands read low, and `pack` put a waiting job ahead of the
@@ -114,6 +120,12 @@ at 0.9, 2.00-2.10x at 0.85). Counted from when it began, the simulator (exact pe
 promoted r1's second job at 0.85, which ends within 1.81x under TL-One, for 1.8% of the
 average; at 0.88 it matches TL-One in r1 at x1 and x3 and keeps r2 (1.97, 1.95); 0.8 paid 7%
 over TL-One in r1 at `--scale 3`."""
+REMAINING_BUCKET = 1.3
+"""Within a group of equal demand, jobs whose declared iterations tell their remaining work
+go first, the least first (shortest remaining time first); remaining times within this
+factor of a bucket's least count as equal, and keep the order in force: a waiting job's
+period reads long and with noise (its compute stretched by the wait), and equal jobs are not
+to trade places on it."""
 SLACK_SWAP_S = 3.0
 """Two jobs promoted by their deadlines that cannot share the link: the one holding its turn
 keeps it until the other's slack (StarvationGuard.slack) falls this far below its own; then
@@ -484,6 +496,32 @@ class StarvationGuard:
         deadline = self._first_seen.get(job, now) + self.effective_bound * declared * period
         return (declared - load.iterations) * period, deadline - now
 
+    def remaining_work(
+        self, loads: Mapping[str, JobLoad], declared: Mapping[str, int], top: str | None
+    ) -> dict[str, float]:
+        """The remaining standalone time of each measured PS job that declared its
+        iterations and has not run past them (REMAINING_BUCKET). The jobs pushing the bytes
+        of `top` (the green job), top among them, at the shortest period any of them read:
+        the same model, whose waiting jobs' periods read long (their compute stretched by
+        the wait, 2-5x on real frameworks), so compared by their iterations left. Each at its
+        own, the job that took the light would read its remaining work long at once, and
+        hand the light back."""
+        periods = {
+            job: self.period(job, load)
+            for job, total in declared.items()
+            if (load := loads.get(job)) is not None
+            and load.bytes_hold_waiting
+            and load.iterations < total
+        }
+        top_load = loads.get(top) if top is not None else None
+        model = {
+            job for job in periods if top_load is not None and same_bytes(loads[job], top_load)
+        }
+        if model:
+            shortest = min(periods[job] for job in model)
+            periods.update(dict.fromkeys(model, shortest))
+        return {job: (declared[job] - loads[job].iterations) * p for job, p in periods.items()}
+
     def period(self, job: str, load: JobLoad) -> float:
         """The standalone period a job's deadline is reckoned with: the second shortest of the
         readings of its iterations, the latest reading included (class doc)."""
@@ -841,17 +879,27 @@ class OnTop:
             self._seen[job] = load.iterations
 
 
+def same_bytes(load: JobLoad, other: JobLoad) -> bool:
+    """Two jobs push the same bytes an iteration, within DEMAND_BUCKET (the same model)."""
+    return (
+        load.link_s <= other.link_s * DEMAND_BUCKET and other.link_s <= load.link_s * DEMAND_BUCKET
+    )
+
+
 def ordering_demands(
     loads: Mapping[str, JobLoad],
     on_top: Mapping[str, int],
     top: str | None,
     trust_top: bool = True,
+    declared: Collection[str] = frozenset(),
 ) -> dict[str, float]:
     """The demands pack orders by (module doc): those resting on MEASURED_AFTER iterations,
     of `top` (the green job: measured where it is; unless not `trust_top`) and of jobs
     measured that long on top; and those resting on SMALLER_AFTER, of jobs pushing clearly
     fewer bytes than `top` (where their bytes can be believed while they wait:
-    `JobLoad.bytes_hold_waiting`)."""
+    `JobLoad.bytes_hold_waiting`); and, where `top` is in `declared` (the jobs that declared
+    their iterations), the top job's for those of `declared` pushing its bytes (the module
+    doc)."""
     top_load = loads.get(top) if top is not None else None
     demands = {}
     for job, load in loads.items():
@@ -864,6 +912,18 @@ def ordering_demands(
         trusted = (trust_top and job == top) or on_top.get(job, 0) >= MEASURED_AFTER
         if smaller or (trusted and load.iterations >= MEASURED_AFTER):
             demands[job] = load.demand
+    if top_load is not None and top in demands and top in declared:
+        # A waiting job that declared its length and pushes the top job's bytes (the same
+        # model) joins the top job's group, where the least remaining work goes first.
+        for job in declared:
+            waiting = loads.get(job)
+            if (
+                job not in demands
+                and waiting is not None
+                and waiting.bytes_hold_waiting
+                and same_bytes(waiting, top_load)
+            ):
+                demands[job] = demands[top]
     return demands
 
 
@@ -874,12 +934,15 @@ def pack_order(
     end_times: Mapping[str, float] | None = None,
     holding: frozenset[str] = frozenset(),
     hosts: Mapping[str, Collection[str]] | None = None,
+    remaining: Mapping[str, float] | None = None,
 ) -> list[str]:
     """Green first: promoted (most behind first), measured jobs by demand, then unmeasured.
     `order` is the order in force (arrival order the first time): demands within x1.3 of a
     group's smallest count as equal, and within a group jobs whose resource manager says when
     they end (`end_times`, e.g. Slurm time limits) go first, the soonest first (shortest
-    remaining time), the others keep their place in `order`. With `hosts` (the controller's
+    remaining time); then, where every job of the group has its `remaining` standalone time
+    (declared iterations: StarvationGuard.remaining_work), the least first, within
+    REMAINING_BUCKET as equal; the others keep their place in `order`. With `hosts` (the controller's
     order, one for many hosts: each job's hosts), a job of a group that shares no host with
     a promoted or measured job ranked ahead of it goes before those of its group that do
     (free_first). Unmeasured jobs in `holding` (young ones, still being measured) keep
@@ -905,7 +968,12 @@ def pack_order(
     by_demand: list[str] = []
     taken = {host for job in first for host in (hosts or {}).get(job, ())}
     for group in groups:
-        ranked = sorted(group, key=within)
+        # The least remaining work first, where every job of the group declared it.
+        left = remaining or {}
+        bucket = remaining_buckets({job: left[job] for job in group if job in left})
+        if len(bucket) < len(group):
+            bucket = {}
+        ranked = sorted(group, key=lambda j: (within(j)[0], bucket.get(j, 0.0), position[j]))
         by_demand += ranked if hosts is None else free_first(ranked, hosts, taken)
     rank = {job: i for i, job in enumerate(by_demand)}
     # A held job sorts right behind the last-ranked measured job that was ahead of it (-1:
@@ -921,6 +989,18 @@ def pack_order(
     middle = sorted(keys, key=keys.__getitem__)
     last = sorted((job for job in rest if job not in demands and job not in holding), key=within)
     return first + middle + last
+
+
+def remaining_buckets(remaining: Mapping[str, float]) -> dict[str, float]:
+    """Each job's bucket of remaining work (REMAINING_BUCKET): the least remaining time of
+    the bucket, which holds every job within REMAINING_BUCKET of it."""
+    buckets: dict[str, float] = {}
+    least: float | None = None
+    for job in sorted(remaining, key=remaining.__getitem__):
+        if least is None or remaining[job] > least * REMAINING_BUCKET:
+            least = remaining[job]
+        buckets[job] = least
+    return buckets
 
 
 def free_first(

@@ -128,8 +128,8 @@ def test_bound_is_below_every_serial_schedule_and_above_both_simple_bounds(
 
 def test_scenarios_cover_the_issue_and_scale() -> None:
     assert sorted(SCENARIOS) == [
-        *("a", "b", "c", "c1", "c2", "d", "e", "f", "m1", "m2", "m3", "m4", "m5"),
-        *("r1", "r2", "r3", "r4"),
+        *("a", "b", "c", "c1", "c2", "d", "e", "f", "g", "m1", "m2", "m3", "m4", "m5"),
+        *("r1", "r2", "r3", "r4", "r5"),
     ]
     # m3's jobs and placement again as real PyTorch PS jobs, three of them sharded.
     assert [replace(j, workload="synthetic") for j in SCENARIOS["m5"].jobs] == list(
@@ -142,7 +142,14 @@ def test_scenarios_cover_the_issue_and_scale() -> None:
     assert {j.workload for j in SCENARIOS["r2"].jobs} == {"torch-gloo"}
     assert len({j.model_bytes for j in SCENARIOS["r3"].jobs}) == 3
     assert {j.workload for j in SCENARIOS["r4"].jobs} == {"tf-ps"}
-    assert {j.workload for s in "abcdef" for j in SCENARIOS[s].jobs} == {"synthetic"}
+    assert {j.workload for s in "abcdefg" for j in SCENARIOS[s].jobs} == {"synthetic"}
+    # A sweep's trials: one model, lengths differing, the longest first; g's again in gloo.
+    for key in ("g", "r5"):
+        trials = SCENARIOS[key].jobs
+        assert len({(j.model_bytes, j.compute_s) for j in trials}) == 1
+        assert [j.iterations for j in trials] == sorted({j.iterations for j in trials})[::-1]
+        assert [j.start_s for j in trials] == sorted(j.start_s for j in trials)
+    assert {j.workload for j in SCENARIOS["r5"].jobs} == {"torch-gloo"}
     assert len(SCENARIOS["a"].jobs) == 2
     assert all(j.workers >= 4 for j in SCENARIOS["c"].jobs)
     assert len({j.model_bytes for j in SCENARIOS["d"].jobs}) == 3
@@ -165,7 +172,7 @@ def test_a_scenarios_framework_start_up_grows_with_the_processes_each_core_start
 
 def test_selection_refuses_unknown_names() -> None:
     assert [s.key for s in select("a, c")] == ["a", "c"]
-    assert len(select("all")) == 17
+    assert len(select("all")) == len(SCENARIOS) == 19
     assert select_policies("all") == list(COMPARED)
     with pytest.raises(ConfigError, match="unknown scenario"):
         select("z")

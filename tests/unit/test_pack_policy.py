@@ -17,6 +17,7 @@ from tensorlights.policy.packing import (
     IDLE_AFTER_S,
     MEASURE_GRACE_S,
     MEASURED_AFTER,
+    REMAINING_BUCKET,
     RING_START_UP_S,
     SMALLER_AFTER,
     JobLoad,
@@ -28,6 +29,7 @@ from tensorlights.policy.packing import (
     job_load,
     ordering_demands,
     pack_order,
+    remaining_buckets,
     unhindered,
     wire_bytes,
 )
@@ -109,6 +111,88 @@ def test_order_smallest_demand_first_ties_keep_arrival() -> None:
     assert pack_order(["a", "b", "c"], noisy, {}, {"c": 100.0, "b": 50.0}) == ["b", "c", "a"]
     # ... but never across demand groups: a big job ending soon stays behind small ones.
     assert pack_order(["big", "small"], loads, {}, {"big": 1.0}) == ["small", "big"]
+
+
+def test_equal_jobs_that_declared_their_lengths_go_least_remaining_work_first() -> None:
+    noisy = {"a": 0.468, "b": 0.444, "c": 0.479}
+    # A sweep's trials launched longest first: the least remaining work first.
+    assert pack_order(["a", "b", "c"], noisy, {}, remaining={"a": 20.0, "b": 10.0, "c": 4.0}) == [
+        "c",
+        "b",
+        "a",
+    ]
+    # Within REMAINING_BUCKET of each other: equal (periods read with noise), order in force.
+    close = {"a": 10.0, "b": 9.0, "c": 10.0 * REMAINING_BUCKET}
+    assert pack_order(["a", "b", "c"], noisy, {}, remaining=close) == ["a", "b", "c"]
+    # Only where every job of the group told its length: a job of unknown length keeps its
+    # place, and so do the others.
+    partial = {"b": 10.0, "c": 4.0}
+    assert pack_order(["a", "b", "c"], noisy, {}, remaining=partial) == ["a", "b", "c"]
+    # Never across demand groups; promoted jobs stay first; Slurm's end times come before.
+    sizes = {"big": 0.6, "small": 0.2}
+    assert pack_order(["big", "small"], sizes, {}, remaining={"big": 1.0, "small": 50.0}) == [
+        "small",
+        "big",
+    ]
+    assert pack_order(["a", "b", "c"], noisy, {"a": 3.0}, remaining={"b": 9.0, "c": 1.0}) == [
+        "a",
+        "c",
+        "b",
+    ]
+    ends = {"a": 100.0, "b": 50.0, "c": 200.0}
+    assert pack_order(
+        ["a", "b", "c"], noisy, {}, ends, remaining={"a": 20.0, "b": 30.0, "c": 1.0}
+    ) == ["b", "a", "c"]
+
+
+@given(st.dictionaries(st.sampled_from("abcdefgh"), st.floats(0.01, 1e5), max_size=8))
+def test_remaining_buckets_hold_jobs_within_the_factor_of_their_least(
+    remaining: dict[str, float],
+) -> None:
+    buckets = remaining_buckets(remaining)
+    assert buckets.keys() == remaining.keys()
+    for job, least in buckets.items():
+        assert least <= remaining[job] <= least * REMAINING_BUCKET
+        assert least in remaining.values()
+    # Ordered as the work: a job with more remaining is never in an earlier bucket.
+    for a in remaining:
+        for b in remaining:
+            if remaining[a] < remaining[b]:
+                assert buckets[a] <= buckets[b]
+
+
+def test_a_waiting_trial_of_the_same_model_is_ordered_by_its_declared_length() -> None:
+    # Three trials of one model (the same bytes an iteration) launched longest first, each
+    # declaring its iterations. b waits below a, its demand read low (compute stretched by
+    # the wait): not believed, but its bytes are a's, so it joins a's group, where the least
+    # remaining work goes first.
+    declared = {"a": 50, "b": 25}
+    policy = _pack()
+    policy.evaluate(0.0, {"a", "b"}, {})
+    waiting = {"a": load(0.2, 0.2, MEASURED_AFTER), "b": load(0.2, 0.6, 2)}
+    plan = policy.evaluate(2.0, {"a", "b"}, waiting, declared=declared)
+    assert plan.order == ("b", "a")
+    # Green now, b still reads its period long (its iterations waited): the trials are
+    # compared by their iterations left, so the light does not go back to a.
+    assert policy.evaluate(3.0, {"a", "b"}, waiting, declared=declared).order == ("b", "a")
+    # Not without its declaration, nor without a's (no length to compare with), nor with
+    # other bytes (another model: its demand is not a's).
+    for told in ({"a": 50}, {"b": 25}):
+        policy = _pack()
+        policy.evaluate(0.0, {"a", "b"}, {})
+        assert policy.evaluate(2.0, {"a", "b"}, waiting, declared=told).order == ("a", "b")
+    bigger = {"a": waiting["a"], "b": load(0.2 * 1.5, 0.6, 2)}
+    policy = _pack()
+    policy.evaluate(0.0, {"a", "b"}, {})
+    assert policy.evaluate(2.0, {"a", "b"}, bigger, declared=declared).order == ("a", "b")
+    # A waiting ring's bytes do not hold: never ordered by them.
+    ring = {"a": waiting["a"], "b": JobLoad(0.2, 0.6, 2, False, bytes_hold_waiting=False)}
+    assert ordering_demands(ring, {}, "a", declared=declared) == {"a": waiting["a"].demand}
+    # Equal lengths: the green job has the least work left and keeps the light.
+    policy = _pack()
+    policy.evaluate(0.0, {"a", "b"}, {})
+    same = {"a": 25, "b": 25}
+    assert policy.evaluate(2.0, {"a", "b"}, waiting, declared=same).order == ("a", "b")
 
 
 M3_HOSTS = {
