@@ -150,6 +150,7 @@ def _pack(view: PackView, loads: Mapping[str, JobLoad]) -> dict[str, Any]:
         "lag_s": dict(view.lag_s),
         "lag_allowed_s": dict(view.lag_allowed_s),
         "slack_s": dict(view.slack_s),
+        "remaining_s": dict(view.remaining_s),
         "not_iterative": sorted(view.not_iterative),
         "idle": sorted(view.idle),
         "waits_for_siblings": sorted(view.waits_for_siblings),

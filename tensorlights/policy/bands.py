@@ -112,6 +112,9 @@ class PackView:
     slack_s: Mapping[str, float] = field(default_factory=dict)
     """Jobs judged by their declared iterations: how long each can still wait and end
     within the bound (seconds; promoted before it reaches 0)."""
+    remaining_s: Mapping[str, float] = field(default_factory=dict)
+    """Jobs that declared their iterations: their remaining standalone time (seconds), by
+    which equal jobs are ordered, the least first (packing.StarvationGuard.remaining_work)."""
     iterations_inferred: Mapping[str, int] = field(default_factory=dict)
     """Jobs that declared nothing, each with the length of the latest sibling that ended
     here (packing.SiblingRuns): judged by that deadline."""
@@ -142,6 +145,8 @@ class BandPolicy:
     _green_since: float | None = field(default=None, init=False)
     _packed: list[str] = field(default_factory=list, init=False)
     _reorder_wanted_since: float | None = field(default=None, init=False)
+    _remaining: dict[str, float] = field(default_factory=dict, init=False)
+    """As of the last evaluation: PackView.remaining_s."""
     _guard: StarvationGuard = field(init=False)
     on_top: OnTop = field(default_factory=OnTop, init=False)
     """Iterations each job completed green here: under the controller's plan too
@@ -221,7 +226,7 @@ class BandPolicy:
                 self._join(current, job, spanning)
         declared = declared or {}
         demands = ordering_demands(loads, self.on_top.counts, current[0], declared=declared)
-        remaining = self._guard.remaining_work(loads, declared, current[0])
+        remaining = self._remaining = self._guard.remaining_work(loads, declared, current[0])
         # Kept in place: jobs still being measured or not pushing yet (young), and measured
         # ones whose demand does not order them yet (ordering_demands); a job with no load
         # past the grace (not iterative) goes behind.
@@ -313,6 +318,7 @@ class BandPolicy:
                 for job, span in self._guard.spans.items()
             },
             slack_s=dict(self._guard.slack),
+            remaining_s=dict(self._remaining),
             not_iterative=self._guard.not_iterative,
             waits_for_siblings=self._guard.waits_for_siblings,
             idle=self._guard.idle,

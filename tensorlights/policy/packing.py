@@ -940,12 +940,12 @@ def pack_order(
     `order` is the order in force (arrival order the first time): demands within x1.3 of a
     group's smallest count as equal, and within a group jobs whose resource manager says when
     they end (`end_times`, e.g. Slurm time limits) go first, the soonest first (shortest
-    remaining time); then, where every job of the group has its `remaining` standalone time
-    (declared iterations: StarvationGuard.remaining_work), the least first, within
-    REMAINING_BUCKET as equal; the others keep their place in `order`. With `hosts` (the controller's
-    order, one for many hosts: each job's hosts), a job of a group that shares no host with
-    a promoted or measured job ranked ahead of it goes before those of its group that do
-    (free_first). Unmeasured jobs in `holding` (young ones, still being measured) keep
+    remaining time); then, where every job of the group has its `remaining` standalone
+    time (declared iterations: StarvationGuard.remaining_work), the least first, within
+    REMAINING_BUCKET as equal; the others keep their place in `order`. With `hosts` (the
+    controller's order, one for many hosts: each job's hosts), a job of a group that shares
+    no host with a promoted or measured job ranked ahead of it goes before those of its
+    group that do (free_first). Unmeasured jobs in `holding` (young ones, still being measured) keep
     their place too: a job is not put behind and then ahead again while its first
     iterations are measured, and does not displace a measured one -- each comes right
     behind the last (in demand order) of the measured jobs that were ahead of it in
@@ -967,13 +967,15 @@ def pack_order(
             groups.append([job])
     by_demand: list[str] = []
     taken = {host for job in first for host in (hosts or {}).get(job, ())}
+    left = remaining or {}
     for group in groups:
         # The least remaining work first, where every job of the group declared it.
-        left = remaining or {}
         bucket = remaining_buckets({job: left[job] for job in group if job in left})
         if len(bucket) < len(group):
             bucket = {}
-        ranked = sorted(group, key=lambda j: (within(j)[0], bucket.get(j, 0.0), position[j]))
+        ranked = sorted(
+            group, key=lambda j: (ends.get(j, math.inf), bucket.get(j, 0.0), position[j])
+        )
         by_demand += ranked if hosts is None else free_first(ranked, hosts, taken)
     rank = {job: i for i, job in enumerate(by_demand)}
     # A held job sorts right behind the last-ranked measured job that was ahead of it (-1:

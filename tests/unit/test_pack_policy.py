@@ -172,6 +172,8 @@ def test_a_waiting_trial_of_the_same_model_is_ordered_by_its_declared_length() -
     waiting = {"a": load(0.2, 0.2, MEASURED_AFTER), "b": load(0.2, 0.6, 2)}
     plan = policy.evaluate(2.0, {"a", "b"}, waiting, declared=declared)
     assert plan.order == ("b", "a")
+    # status --json shows why: each one's remaining work, at the shortest period (a's).
+    assert policy.pack_view().remaining_s == {"a": 45 * 0.4, "b": 23 * 0.4}
     # Green now, b still reads its period long (its iterations waited): the trials are
     # compared by their iterations left, so the light does not go back to a.
     assert policy.evaluate(3.0, {"a", "b"}, waiting, declared=declared).order == ("b", "a")
