@@ -953,29 +953,23 @@ def pack_order(
     ends = end_times or {}
     position = {job: i for i, job in enumerate(order)}
 
-    def within(job: str) -> tuple[float, int]:
-        return (ends.get(job, math.inf), position[job])
+    def within(job: str, bucket: Mapping[str, float] | None = None) -> tuple[float, float, int]:
+        return (ends.get(job, math.inf), (bucket or {}).get(job, 0.0), position[job])
 
     first = sorted((job for job in order if job in promoted), key=lambda j: -promoted[j])
     rest = [job for job in order if job not in promoted]
-    measured = sorted((job for job in rest if job in demands), key=demands.__getitem__)
-    groups: list[list[str]] = []
-    for job in measured:
-        if groups and demands[job] <= demands[groups[-1][0]] * DEMAND_BUCKET:
-            groups[-1].append(job)
-        else:
-            groups.append([job])
+    groups: dict[float, list[str]] = {}  # by the group's smallest demand, smallest first
+    for job, least in buckets({j: demands[j] for j in rest if j in demands}, DEMAND_BUCKET):
+        groups.setdefault(least, []).append(job)
     by_demand: list[str] = []
     taken = {host for job in first for host in (hosts or {}).get(job, ())}
     left = remaining or {}
-    for group in groups:
+    for group in groups.values():
         # The least remaining work first, where every job of the group declared it.
-        bucket = remaining_buckets({job: left[job] for job in group if job in left})
-        if len(bucket) < len(group):
-            bucket = {}
-        ranked = sorted(
-            group, key=lambda j: (ends.get(j, math.inf), bucket.get(j, 0.0), position[j])
-        )
+        bucket = None
+        if all(job in left for job in group):
+            bucket = dict(buckets({job: left[job] for job in group}, REMAINING_BUCKET))
+        ranked = sorted(group, key=lambda j: within(j, bucket))
         by_demand += ranked if hosts is None else free_first(ranked, hosts, taken)
     rank = {job: i for i, job in enumerate(by_demand)}
     # A held job sorts right behind the last-ranked measured job that was ahead of it (-1:
@@ -993,16 +987,17 @@ def pack_order(
     return first + middle + last
 
 
-def remaining_buckets(remaining: Mapping[str, float]) -> dict[str, float]:
-    """Each job's bucket of remaining work (REMAINING_BUCKET): the least remaining time of
-    the bucket, which holds every job within REMAINING_BUCKET of it."""
-    buckets: dict[str, float] = {}
+def buckets(values: Mapping[str, float], factor: float) -> list[tuple[str, float]]:
+    """`values` smallest first, each with the least value of its bucket: a bucket holds every
+    value within `factor` of its least (demands within DEMAND_BUCKET, remaining work within
+    REMAINING_BUCKET: equal to within measurement noise)."""
+    ranked: list[tuple[str, float]] = []
     least: float | None = None
-    for job in sorted(remaining, key=remaining.__getitem__):
-        if least is None or remaining[job] > least * REMAINING_BUCKET:
-            least = remaining[job]
-        buckets[job] = least
-    return buckets
+    for key in sorted(values, key=values.__getitem__):
+        if least is None or values[key] > least * factor:
+            least = values[key]
+        ranked.append((key, least))
+    return ranked
 
 
 def free_first(

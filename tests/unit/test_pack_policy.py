@@ -29,9 +29,11 @@ from tensorlights.policy.packing import (
     job_load,
     ordering_demands,
     pack_order,
-    remaining_buckets,
     unhindered,
     wire_bytes,
+)
+from tensorlights.policy.packing import (
+    buckets as bucket_of,
 )
 
 RATE = 300_000_000
@@ -149,7 +151,7 @@ def test_equal_jobs_that_declared_their_lengths_go_least_remaining_work_first() 
 def test_remaining_buckets_hold_jobs_within_the_factor_of_their_least(
     remaining: dict[str, float],
 ) -> None:
-    buckets = remaining_buckets(remaining)
+    buckets = dict(bucket_of(remaining, REMAINING_BUCKET))
     assert buckets.keys() == remaining.keys()
     for job, least in buckets.items():
         assert least <= remaining[job] <= least * REMAINING_BUCKET
