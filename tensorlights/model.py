@@ -380,15 +380,20 @@ class ReportedJob:
     waits_for_siblings: bool = False
     """With lag_s: the job waits in time for its siblings, the only jobs on this host
     (packing.StarvationGuard.waits_in_time); kept waiting where every host says so."""
+    remaining_s: float | None = None
+    """The job declared its iterations: its remaining standalone time here (seconds;
+    packing.StarvationGuard.remaining_work), by which the controller orders equal jobs, the
+    least first, as an agent's own pack does. None where it declared none or is unmeasured."""
 
 
 DEMAND_NOISE = 1.1
-"""Demands within this factor of each other are the same measurement (pack groups them
-within x1.3): moving less is not news to the controller."""
+"""Demands (and remaining times) within this factor of each other are the same measurement
+(pack groups them within x1.3): moving less is not news to the controller."""
 
 
 def demand_moved(old: float | None, new: float | None) -> bool:
-    """A change of a job's reported demand worth telling the controller (and replanning)."""
+    """A change of a job's reported demand, or of its remaining time, worth telling the
+    controller (and replanning)."""
     if old is None or new is None:
         return old is not new
     return max(old, new) > DEMAND_NOISE * min(old, new)
@@ -396,10 +401,10 @@ def demand_moved(old: float | None, new: float | None) -> bool:
 
 def jobs_moved(old: Sequence[ReportedJob], new: Sequence[ReportedJob]) -> bool:
     """News between two reports of a host's jobs: a job came or went, or its ports, kind,
-    processes or connections changed, or its demand moved beyond noise, or it began (or
-    ceased) to be measured iterating, which the controller's order holds on, or to starve
-    (lag_s) or wait for its siblings (telemetry that only fluctuates, spread, period and a
-    lag's size, is not news: heartbeats carry it)."""
+    processes or connections changed, or its demand or remaining time moved beyond noise, or
+    it began (or ceased) to be measured iterating, which the controller's order holds on, or
+    to starve (lag_s) or wait for its siblings (telemetry that only fluctuates, spread, period
+    and a lag's size, is not news: heartbeats carry it)."""
     before = {job.job: job for job in old}
     after = {job.job: job for job in new}
     if before.keys() != after.keys():
@@ -412,7 +417,9 @@ def jobs_moved(old: Sequence[ReportedJob], new: Sequence[ReportedJob]) -> bool:
         )  # fmt: skip
 
     return any(
-        shape(before[name]) != shape(job) or demand_moved(before[name].demand, job.demand)
+        shape(before[name]) != shape(job)
+        or demand_moved(before[name].demand, job.demand)
+        or demand_moved(before[name].remaining_s, job.remaining_s)
         for name, job in after.items()
     )
 

@@ -173,6 +173,7 @@ def reported_jobs(
                 kind=kinds.get(job, JobKind.PS),
                 lag_s=result.starving.get(job),
                 waits_for_siblings=job in result.waits_for_siblings,
+                remaining_s=result.pack.remaining_s.get(job) if result.pack else None,
             )
         )
     return tuple(jobs)

@@ -86,6 +86,7 @@ def plan_update(registry: Registry, planner: Planner, now: float) -> set[str]:
         registry.iterative(),
         registry.young(now),
         registry.starving(),
+        registry.remaining(),
     )
 
 

@@ -97,10 +97,12 @@ class Planner:
         iterative: Collection[str] = (),
         young: Collection[str] = (),
         starving: Mapping[str, float] | None = None,
+        remaining: Mapping[str, float] | None = None,
     ) -> set[str]:
         """Recompute for a new membership (and, under pack, the jobs' demands, arrival order,
-        which jobs are measured iterating, young, or starving: Registry.iterative, .young,
-        .starving); the hosts whose plan changed."""
+        which jobs are measured iterating, young, or starving, and the remaining work of
+        those that declared their lengths: Registry.iterative, .young, .starving,
+        .remaining); the hosts whose plan changed."""
         ranking: tuple[str, ...] = ()
         if self.policy is ClusterPolicy.PACK:
             # The order in force, then newcomers in arrival order. An iterating or young job
@@ -130,7 +132,9 @@ class Planner:
             known += [job for job in fresh if job not in demands]
             known = _fewest_hosts_first(known, membership, demands.keys() | placed)
             promoted = {job: lag for job, lag in (starving or {}).items() if job in membership}
-            ranking = tuple(pack_order(known, demands, promoted, end_times, holding, membership))
+            ranking = tuple(
+                pack_order(known, demands, promoted, end_times, holding, membership, remaining)
+            )
         if membership == self._membership and hosts == self._hosts and ranking == self._ranking:
             return set()
         # Only the hosts a job came to or left, and those of jobs whose place in the ranking

@@ -143,9 +143,11 @@ class Registry:
         self._reported_on: dict[str, frozenset[str]] = {}
         self._demand: dict[str, float] = {}
         self._lag: dict[str, float] = {}
+        self._remaining: dict[str, float] = {}
         self._periodic: set[str] = set()
         """Per job: the hosts reporting it, its demand (see demands), its lag where every
-        host says it starves (see starving), whether any host reports a period."""
+        host says it starves (see starving), its remaining work (see remaining), whether any
+        host reports a period."""
 
     # Agents ------------------------------------------------------------------------------
 
@@ -241,6 +243,7 @@ class Registry:
         self._reported_on.clear()
         self._demand.clear()
         self._lag.clear()
+        self._remaining.clear()
         self._periodic.clear()
         self._arrival.clear()
         self._iterated.clear()
@@ -267,7 +270,7 @@ class Registry:
         for job in self._stale:
             on = self._by_job.get(job)
             promoted = self._lag.pop(job, None) is not None
-            for view in (self._reported_on, self._demand):
+            for view in (self._reported_on, self._demand, self._remaining):
                 view.pop(job, None)
             self._periodic.discard(job)
             if on is None:
@@ -285,6 +288,9 @@ class Registry:
                 promoted or not all(state.waits_for_siblings for state in reports)
             ):
                 self._lag[job] = min(lag for lag in lags if lag is not None)
+            remaining = [state.remaining_s for state in reports if state.remaining_s is not None]
+            if remaining:
+                self._remaining[job] = max(remaining)
             if any(state.period_s is not None for state in reports):
                 self._periodic.add(job)
         self._stale.clear()
@@ -386,6 +392,14 @@ class Registry:
         siblings since."""
         self._refresh()
         return dict(self._lag)
+
+    def remaining(self) -> dict[str, float]:
+        """Jobs that declared their iterations, with their remaining standalone time
+        (seconds): the most any host reporting them says (the job ends with its slowest
+        host). The cluster-wide order puts the least first among jobs of equal demand, as an
+        agent's own pack does (packing.pack_order)."""
+        self._refresh()
+        return dict(self._remaining)
 
     def young(self, now: float) -> set[str]:
         """Jobs an agent first reported less than MEASURE_GRACE_S ago (as of the last

@@ -146,7 +146,9 @@ class BandPolicy:
     _packed: list[str] = field(default_factory=list, init=False)
     _reorder_wanted_since: float | None = field(default=None, init=False)
     _remaining: dict[str, float] = field(default_factory=dict, init=False)
-    """As of the last evaluation: PackView.remaining_s."""
+    """As of the last evaluation (or watch): PackView.remaining_s."""
+    declared: dict[str, int] = field(default_factory=dict, init=False)
+    """The jobs' declared iterations as of the last evaluation (or watch), pack only."""
     _guard: StarvationGuard = field(init=False)
     on_top: OnTop = field(default_factory=OnTop, init=False)
     """Iterations each job completed green here: under the controller's plan too
@@ -224,9 +226,8 @@ class BandPolicy:
         for job in self._order:
             if job not in current:
                 self._join(current, job, spanning)
-        declared = declared or {}
-        demands = ordering_demands(loads, self.on_top.counts, current[0], declared=declared)
-        remaining = self._remaining = self._guard.remaining_work(loads, declared, current[0])
+        demands = ordering_demands(loads, self.on_top.counts, current[0], declared=self.declared)
+        remaining = self._remaining = self._guard.remaining_work(loads, self.declared, current[0])
         # Kept in place: jobs still being measured or not pushing yet (young), and measured
         # ones whose demand does not order them yet (ordering_demands); a job with no load
         # past the grace (not iterative) goes behind.
@@ -274,9 +275,12 @@ class BandPolicy:
         spanning: frozenset[str] = frozenset(),
     ) -> None:
         """The starvation guard's view while the controller orders the jobs (PlanFollower):
-        its promotions are reported, for the cluster-wide order to keep the bound. `green`:
-        the job green here since the previous evaluation; `spanning`: as in evaluate."""
+        its promotions and the remaining work of the jobs that declared their lengths are
+        reported, for the cluster-wide order to keep the bound and order equal jobs as this
+        host would. `green`: the job green here since the previous evaluation; `spanning`: as
+        in evaluate."""
         self._judge(now, set(jobs), loads, started, declared, green, spanning, alone=False)
+        self._remaining = self._guard.remaining_work(loads, self.declared, green)
 
     def _judge(
         self,
@@ -292,13 +296,20 @@ class BandPolicy:
         """The starvation guard's update, the jobs' declared lengths with their siblings'.
         `alone`: this host orders its jobs itself (not a controller); `spanning`: the rings
         (StarvationGuard.update)."""
-        lengths = self.siblings.update(now, jobs, loads, declared or {})
+        self.declared = dict(declared or {})
+        lengths = self.siblings.update(now, jobs, loads, self.declared)
         self._guard.update(now, loads, jobs, started, lengths, green, alone, spanning)
 
     @property
     def waits_for_siblings(self) -> frozenset[str]:
         """Jobs past their lag's limit that wait in time for their siblings here."""
         return self._guard.waits_for_siblings
+
+    @property
+    def remaining_s(self) -> dict[str, float]:
+        """Jobs that declared their iterations: their remaining standalone time (seconds) as
+        of the last evaluation or watch (StarvationGuard.remaining_work)."""
+        return dict(self._remaining)
 
     @property
     def promoted(self) -> dict[str, float]:
@@ -318,7 +329,7 @@ class BandPolicy:
                 for job, span in self._guard.spans.items()
             },
             slack_s=dict(self._guard.slack),
-            remaining_s=dict(self._remaining),
+            remaining_s=self.remaining_s,
             not_iterative=self._guard.not_iterative,
             waits_for_siblings=self._guard.waits_for_siblings,
             idle=self._guard.idle,

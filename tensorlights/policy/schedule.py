@@ -264,6 +264,13 @@ class PlanFollower:
         keep them waiting where every host they run on says so."""
         return self.local.waits_for_siblings & self.local.promoted.keys()
 
+    def remaining(self) -> dict[str, float]:
+        """The jobs that declared their iterations, with their remaining standalone time here
+        (BandPolicy.remaining_s): reported to the controller, which orders equal jobs the
+        least first, as this host's pack does (without them, a sweep's short trial waited for
+        the long one under the controller: the simulator's r5, 16.28 s against 15.09 s)."""
+        return self.local.remaining_s
+
     def trusted_demands(self, loads: Mapping[str, JobLoad]) -> dict[str, float]:
         """The demands pack orders by on this host (packing.ordering_demands), whoever holds
         the light: what is reported to the controller, so its cluster-wide order does not
@@ -272,5 +279,9 @@ class PlanFollower:
         equal DDP jobs). Not the green job's own until it has been measured on top: its
         readings until then were taken waiting, and trusting them the moment it turned green
         made the light flicker between two jobs every 50-100 ms (each host's report moved
-        the job's demand as the light reached it, and back as it left)."""
-        return ordering_demands(loads, self.local.on_top.counts, self._green, trust_top=False)
+        the job's demand as the light reached it, and back as it left). A waiting job that
+        declared its length and pushes the green job's bytes has the green job's demand, as
+        in this host's own pack: the remaining work then orders them (remaining)."""
+        counts = self.local.on_top.counts
+        declared = self.local.declared
+        return ordering_demands(loads, counts, self._green, trust_top=False, declared=declared)

@@ -171,6 +171,7 @@ def report(data: bytes) -> HostReport:
             kind=_job_kind(job),
             lag_s=_optional_seconds(job, "lag_s"),
             waits_for_siblings=job.waits_for_siblings,
+            remaining_s=_optional_seconds(job, "remaining_s"),
         )
     rotations = []
     for rotation in message.rotations:
@@ -331,6 +332,8 @@ def report_message(report: HostReport) -> pb.AgentReport:
         if job.lag_s is not None:
             message.lag_s = job.lag_s
         message.waits_for_siblings = job.waits_for_siblings
+        if job.remaining_s is not None:
+            message.remaining_s = job.remaining_s
         jobs.append(message)
     return pb.AgentReport(
         session=report.session,

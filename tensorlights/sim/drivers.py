@@ -257,6 +257,7 @@ class Coordinated(DriverBase):
         follower = self.followers[host]
         demands = follower.trusted_demands(sim.loads(host))
         starving, waiting = follower.starving(), follower.waits_for_siblings()
+        remaining = follower.remaining()
         jobs = []
         for name in sorted(sim.host_jobs(host)):
             periods = [m.period_s for m in sim.measured[host][name].recent]
@@ -265,7 +266,7 @@ class Coordinated(DriverBase):
                     name, frozenset(), 1, sim.jobs[name].workers,
                     period_s=statistics.median(periods) if periods else None,
                     demand=demands.get(name), lag_s=starving.get(name),
-                    waits_for_siblings=name in waiting,
+                    waits_for_siblings=name in waiting, remaining_s=remaining.get(name),
                 )
             )  # fmt: skip
         if not came_or_went and not jobs_moved(self._reported[host], jobs):

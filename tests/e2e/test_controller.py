@@ -8,6 +8,7 @@ import subprocess
 import tempfile
 import time
 from collections.abc import Iterator
+from contextlib import contextmanager
 from pathlib import Path
 from typing import Any
 
@@ -269,12 +270,9 @@ def test_tlctl_as_an_unprivileged_user_gets_eacces(
         public.rmdir()
 
 
-def test_pack_orders_jobs_cluster_wide_by_the_demand_agents_measure(
-    tmp_path: Path,
-) -> None:
-    """Controller policy pack: a small and a big synthetic job (real pushes) on ps1; ps1's
-    agent measures their demand and reports it; the controller ranks the small one first
-    and ps1 follows that order."""
+@contextmanager
+def pack_cluster(tmp_path: Path) -> Iterator[tuple[Cluster, ControllerProcess, AgentProcess]]:
+    """A controller under policy pack and ps1's agent following it, with worker host w1."""
     pki = make_pki(tmp_path / "pki", ["10.78.0.1"], ["ps1"])
     with cluster(["ctl", "ps1", "w1"]) as c:
         (tmp_path / "ctl").mkdir()
@@ -282,26 +280,53 @@ def test_pack_orders_jobs_cluster_wide_by_the_demand_agents_measure(
             c.hosts["ctl"], tmp_path / "ctl", pki, "--policy", "pack", "--slot", "1s",
             listen=f"10.78.0.1:{PORT}",
         )  # fmt: skip
-        workdir = tmp_path / "ps1"
-        workdir.mkdir()
-        agent_config(workdir / "agent.toml", f"10.78.0.1:{PORT}", pki, "ps1")
-        agent = AgentProcess(c.hosts["ps1"], workdir, "--policy", "pack", standalone=False)
-        jobs = {}
         try:
-            agent.wait_status(lambda d: d.get("mode") in ("plan", "local"), deadline_s=30)
+            workdir = tmp_path / "ps1"
+            workdir.mkdir()
+            agent_config(workdir / "agent.toml", f"10.78.0.1:{PORT}", pki, "ps1")
+            agent = AgentProcess(c.hosts["ps1"], workdir, "--policy", "pack", standalone=False)
+            try:
+                agent.wait_status(lambda d: d.get("mode") in ("plan", "local"), deadline_s=30)
+                yield c, controller, agent
+            finally:
+                agent.stop()
+        finally:
+            controller.stop()
+
+
+def start_known_jobs(
+    c: Cluster,
+    controller: ControllerProcess,
+    jobs: list[tuple[str, int, int, dict[str, str]]],
+    started: dict[str, subprocess.Popen[bytes]],
+) -> None:
+    """Start each (tag, model bytes, iterations, extra env) on ps1 with 2 workers on w1, one
+    after another once the controller knows the one before (so arrival orders them)."""
+    for tag, model, iterations, extra in jobs:
+        started[tag] = start_job(
+            c.hosts["ps1"].exec_args(), [c.hosts["w1"].exec_args()], "10.78.0.2",
+            clean_env(tf_launcher_env(tag, 2) | extra), 2, model, iterations, 0.2,
+        )  # fmt: skip
+        job_id = tf_job_id(tag, 2)
+        controller.wait(
+            lambda j=job_id: j in {v["job"] for v in controller.query("jobs")},
+            deadline_s=20, what=f"the controller to know {tag}",
+        )  # fmt: skip
+
+
+def test_pack_orders_jobs_cluster_wide_by_the_demand_agents_measure(tmp_path: Path) -> None:
+    """Controller policy pack: a small and a big synthetic job (real pushes) on ps1; ps1's
+    agent measures their demand and reports it; the controller ranks the small one first
+    and ps1 follows that order."""
+    jobs: dict[str, subprocess.Popen[bytes]] = {}
+    with pack_cluster(tmp_path) as (c, controller, agent):
+        try:
             big, small = tf_job_id("big", 2), tf_job_id("small", 2)
             # "big" is known to the controller first: arrival order alone puts it on top,
             # so only the measured demands can put "small" first.
-            for tag, model in (("big", 6_000_000), ("small", 1_000_000)):
-                jobs[tag] = start_job(
-                    c.hosts["ps1"].exec_args(), [c.hosts["w1"].exec_args()], "10.78.0.2",
-                    clean_env(tf_launcher_env(tag, 2)), 2, model, 60, 0.2,
-                )  # fmt: skip
-                job_id = tf_job_id(tag, 2)
-                controller.wait(
-                    lambda j=job_id: j in {v["job"] for v in controller.query("jobs")},
-                    deadline_s=20, what=f"the controller to know {tag}",
-                )  # fmt: skip
+            start_known_jobs(
+                c, controller, [("big", 6_000_000, 60, {}), ("small", 1_000_000, 60, {})], jobs
+            )
             document = agent.wait_status(
                 lambda d: (
                     d.get("mode") == "plan"
@@ -320,5 +345,38 @@ def test_pack_orders_jobs_cluster_wide_by_the_demand_agents_measure(
         finally:
             for job in jobs.values():
                 job.kill()
-            agent.stop()
-            controller.stop()
+
+
+def test_pack_orders_equal_jobs_cluster_wide_by_the_work_they_declare_left(
+    tmp_path: Path,
+) -> None:
+    """Controller policy pack: two trials of one model on ps1, the long one first, each
+    declaring its iterations (TENSORLIGHTS_ITERATIONS). Their demands are equal: only the
+    remaining work ps1's agent reports tells them apart, and the controller ranks the short
+    trial first, as a host's own pack would."""
+    jobs: dict[str, subprocess.Popen[bytes]] = {}
+    with pack_cluster(tmp_path) as (c, controller, agent):
+        try:
+            long, short = tf_job_id("long", 2), tf_job_id("short", 2)
+            start_known_jobs(
+                c, controller,
+                [("long", 2_000_000, 400, {"TENSORLIGHTS_ITERATIONS": "400"}),
+                 ("short", 2_000_000, 60, {"TENSORLIGHTS_ITERATIONS": "60"})],
+                jobs,
+            )  # fmt: skip
+            document = agent.wait_status(
+                lambda d: (
+                    d.get("mode") == "plan"
+                    and d.get("order") == [short, long]
+                    and {short, long} <= set(d.get("pack", {}).get("remaining_s", {}))
+                ),
+                deadline_s=40,
+            )
+            left = document["pack"]["remaining_s"]
+            assert left[short] < left[long]
+            loads = document["pack"]["loads"]
+            assert 1 / 1.3 < loads[short]["link_s"] / loads[long]["link_s"] < 1.3  # one model
+            assert controller.query("rotations", "ps1")["hosts"][0]["green"] == short
+        finally:
+            for job in jobs.values():
+                job.kill()

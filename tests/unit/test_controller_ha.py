@@ -94,6 +94,9 @@ def test_news_is_what_the_plan_depends_on_not_telemetry_noise() -> None:
     assert not jobs_moved((job,), (same,))
     starving = ReportedJob("j", frozenset({1}), 1, 1, period_s=0.3, demand=0.5, lag_s=30.0)
     assert not jobs_moved((starving,), (replace(starving, lag_s=31.0),))  # how far: not news
+    declared = replace(job, remaining_s=12.0)
+    assert not jobs_moved((declared,), (replace(declared, remaining_s=11.5),))  # noise
+    assert jobs_moved((declared,), (replace(declared, remaining_s=9.0),))  # may reorder
     for news in (
         (),  # gone
         (job, ReportedJob("k", frozenset({2}), 1, 1)),  # new
@@ -102,5 +105,6 @@ def test_news_is_what_the_plan_depends_on_not_telemetry_noise() -> None:
         (ReportedJob("j", frozenset({1}), 1, 1, demand=0.5),),  # no longer iterating
         (ReportedJob("j", frozenset({1}), 1, 1, period_s=0.3),),  # demand no longer trusted
         (ReportedJob("j", frozenset({1}), 1, 1, period_s=0.3, demand=0.5, lag_s=30.0),),
+        (replace(job, remaining_s=12.0),),  # its length declared, now measured
     ):
         assert jobs_moved((job,), news), news

@@ -9,6 +9,7 @@ from pathlib import Path
 import pytest
 
 from tensorlights.controller.config import build_config
+from tensorlights.controller.core import plan_update
 from tensorlights.controller.kubernetes import parse_pod_list
 from tensorlights.controller.planner import Planner
 from tensorlights.controller.registry import (
@@ -608,6 +609,51 @@ def test_the_controller_keeps_a_job_waiting_for_its_siblings_where_all_its_hosts
     assert registry.starving() == {}
 
 
+def test_the_controller_orders_equal_jobs_by_the_remaining_work_their_agents_report() -> None:
+    """Trials of one model that declared their iterations, launched longest first: equal
+    demands, so the work left their agents report orders them, the least first (as an
+    agent's own pack does). A job on two hosts counts the most either says; a job none
+    reports it for keeps its place in the order in force."""
+    registry = Registry()
+    sessions = {h: registry.register(reg(h), now=0).session for h in ("a", "b")}
+    seqs = dict.fromkeys(sessions, 0)
+    planner = Planner(slot_s=2.0, lease_s=10.0, incarnation=1, policy="pack")
+
+    def report(host: str, jobs: dict[str, float | None]) -> None:
+        seqs[host] += 1
+        reported = tuple(
+            ReportedJob(j, frozenset({1000 + i}), 1, 1, period_s=0.3, demand=0.5, remaining_s=r)
+            for i, (j, r) in enumerate(sorted(jobs.items()))
+        )
+        registry.report(HostReport(sessions[host], seqs[host], reported, (), "plan", ""), 1.0)
+
+    def order() -> tuple[str, ...]:
+        plan_update(registry, planner, now=20.0)
+        return planner.plan_for("a").slots[0]
+
+    # Each job sharded over both hosts (its demand is summed over them: all equal).
+    for host in ("a", "b"):
+        report(host, {"long": None, "mid": None, "short": None})
+    assert order() == ("long", "mid", "short")  # arrival (by name here): nothing declared
+    report("a", {"long": 20.0, "mid": 10.0, "short": 4.0})
+    report("b", {"long": 20.0, "mid": 10.0, "short": 4.0})
+    assert registry.remaining() == {"long": 20.0, "mid": 10.0, "short": 4.0}
+    assert order() == ("short", "mid", "long")
+    # More of mid is left on b: the most counts; within x1.3 of long, the order in force
+    # holds between them.
+    report("b", {"long": 20.0, "mid": 25.0, "short": 4.0})
+    assert registry.remaining()["mid"] == 25.0
+    assert order() == ("short", "mid", "long")
+    report("b", {"long": 20.0, "mid": 30.0, "short": 4.0})
+    assert order() == ("short", "long", "mid")
+    # short no longer declares on either host (agents that predate it): its group is not
+    # all declared, so the order in force holds.
+    for host in ("a", "b"):
+        report(host, {"long": 20.0, "mid": 10.0, "short": None})
+    assert "short" not in registry.remaining()
+    assert order() == ("short", "long", "mid")
+
+
 def test_a_starving_jobs_lag_crosses_the_wire() -> None:
     report = HostReport(
         "s", 1, (ReportedJob("j", frozenset({80}), 1, 1, period_s=0.3, lag_s=42.5),), (),
@@ -629,4 +675,20 @@ def test_a_starving_jobs_lag_crosses_the_wire() -> None:
     bad = convert.report_message(report)
     bad.jobs[0].lag_s = -1.0
     with pytest.raises(InvalidMessage, match="lag_s"):
+        convert.report(bad.SerializeToString())
+
+
+def test_a_declared_jobs_remaining_work_crosses_the_wire() -> None:
+    declared = HostReport(
+        "s", 1, (ReportedJob("j", frozenset({80}), 1, 1, period_s=0.3, remaining_s=12.5),), (),
+        Mode.PLAN, "",
+    )  # fmt: skip
+    assert convert.report(convert.report_message(declared).SerializeToString()) == declared
+    quiet = HostReport("s", 1, (ReportedJob("j", frozenset({80}), 1, 1),), (), Mode.PLAN, "")
+    message = convert.report_message(quiet)
+    assert not message.jobs[0].HasField("remaining_s")  # as from an agent that predates it
+    assert convert.report(message.SerializeToString()).jobs[0].remaining_s is None
+    bad = convert.report_message(declared)
+    bad.jobs[0].remaining_s = float("nan")
+    with pytest.raises(InvalidMessage, match="remaining_s"):
         convert.report(bad.SerializeToString())

@@ -196,3 +196,27 @@ def test_a_follower_reports_the_jobs_its_starvation_guard_would_promote() -> Non
         }
         follower.evaluate(float(second), {"a", "b"}, loads)
     assert follower.starving() == {}
+
+
+def test_a_follower_reports_the_remaining_work_of_the_jobs_that_declared_their_lengths() -> None:
+    """Under a plan, the work left of the jobs that declared their iterations is reported
+    (for the controller to order equal jobs the least first, as the local pack does), and a
+    waiting trial of the green job's model has the green job's demand."""
+    follower = PlanFollower(BandPolicy(PolicyName.PACK))
+    follower.offer(HostSchedule(1, 1, 0.0, 1000.0, (("a", "b"),), lease_until=1000.0))
+    declared = {"a": 50, "b": 25}
+    for n in range(MEASURED_AFTER + 2):
+        waiting = {"a": JobLoad(0.2, 0.2, n, busy=False), "b": JobLoad(0.2, 0.6, 2, busy=False)}
+        follower.evaluate(float(n), {"a", "b"}, waiting, declared=declared)
+    done = MEASURED_AFTER + 1
+    # Each at the shortest period of the model's trials (a's, 0.4 s): b waits, its own reads
+    # long.
+    assert follower.remaining() == {
+        "a": pytest.approx((50 - done) * 0.4),
+        "b": pytest.approx(23 * 0.4),
+    }
+    demands = follower.trusted_demands(waiting)
+    assert demands == {"a": pytest.approx(0.5), "b": pytest.approx(0.5)}
+    # Nothing declared, nothing reported.
+    follower.evaluate(float(done + 1), {"a", "b"}, waiting)
+    assert follower.remaining() == {}

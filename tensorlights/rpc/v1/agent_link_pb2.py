@@ -24,7 +24,7 @@ _sym_db = _symbol_database.Default()
 
 
 
-DESCRIPTOR = _descriptor_pool.Default().AddSerializedFile(b'\n$tensorlights/rpc/v1/agent_link.proto\x12\x13tensorlights.rpc.v1\"0\n\tInterface\x12\x0c\n\x04name\x18\x01 \x01(\t\x12\x15\n\rlink_rate_bps\x18\x02 \x01(\x04\"\x9e\x01\n\x0fRegisterRequest\x12\x0c\n\x04host\x18\x01 \x01(\t\x12\x19\n\x11\x61gent_incarnation\x18\x02 \x01(\x04\x12\x15\n\ragent_version\x18\x03 \x01(\t\x12\x32\n\ninterfaces\x18\x04 \x03(\x0b\x32\x1e.tensorlights.rpc.v1.Interface\x12\x17\n\x0f\x66\x61llback_policy\x18\x05 \x01(\t\"{\n\rRegisterReply\x12\x0f\n\x07session\x18\x01 \x01(\t\x12\x1e\n\x16\x63ontroller_incarnation\x18\x02 \x01(\x04\x12\x1a\n\x12report_interval_ms\x18\x03 \x01(\r\x12\x1d\n\x15heartbeat_interval_ms\x18\x04 \x01(\r\"\xfb\x01\n\x05PsJob\x12\x0b\n\x03job\x18\x01 \x01(\t\x12\r\n\x05ports\x18\x02 \x03(\r\x12\x11\n\tprocesses\x18\x03 \x01(\r\x12\x13\n\x0b\x63onnections\x18\x04 \x01(\r\x12\x15\n\x08spread_s\x18\x05 \x01(\x01H\x00\x88\x01\x01\x12\x15\n\x08period_s\x18\x06 \x01(\x01H\x01\x88\x01\x01\x12\x13\n\x06\x64\x65mand\x18\x07 \x01(\x01H\x02\x88\x01\x01\x12\x0c\n\x04kind\x18\x08 \x01(\t\x12\x12\n\x05lag_s\x18\t \x01(\x01H\x03\x88\x01\x01\x12\x1a\n\x12waits_for_siblings\x18\n \x01(\x08\x42\x0b\n\t_spread_sB\x0b\n\t_period_sB\t\n\x07_demandB\x08\n\x06_lag_s\"K\n\x08Rotation\x12\r\n\x05green\x18\x01 \x01(\t\x12\x17\n\x0f\x61pplied_unix_ns\x18\x02 \x01(\x03\x12\x17\n\x0fplan_generation\x18\x03 \x01(\x04\"\xa5\x01\n\x0b\x41gentReport\x12\x0f\n\x07session\x18\x01 \x01(\t\x12\x0b\n\x03seq\x18\x02 \x01(\x04\x12(\n\x04jobs\x18\x03 \x03(\x0b\x32\x1a.tensorlights.rpc.v1.PsJob\x12\x30\n\trotations\x18\x04 \x03(\x0b\x32\x1d.tensorlights.rpc.v1.Rotation\x12\x0c\n\x04mode\x18\x05 \x01(\t\x12\x0e\n\x06health\x18\x06 \x01(\t\"\x8f\x01\n\x0bReportReply\x12\x0b\n\x03seq\x18\x01 \x01(\x04\x12.\n\x08vouchers\x18\x02 \x03(\x0b\x32\x1c.tensorlights.rpc.v1.Voucher\x12\x18\n\x10plan_incarnation\x18\x03 \x01(\x04\x12\x17\n\x0fplan_generation\x18\x04 \x01(\x04\x12\x10\n\x08lease_ms\x18\x05 \x01(\r\"\\\n\x07Voucher\x12\x0b\n\x03job\x18\x01 \x01(\t\x12\x0e\n\x06source\x18\x02 \x01(\t\x12\x0c\n\x04user\x18\x03 \x01(\t\x12&\n\x04pods\x18\x04 \x03(\x0b\x32\x18.tensorlights.rpc.v1.Pod\"<\n\x03Pod\x12\x0b\n\x03uid\x18\x01 \x01(\t\x12\x18\n\x0brun_as_user\x18\x02 \x01(\rH\x00\x88\x01\x01\x42\x0e\n\x0c_run_as_user\"#\n\x10WatchPlanRequest\x12\x0f\n\x07session\x18\x01 \x01(\t\"\xa7\x01\n\x08HostPlan\x12\x1e\n\x16\x63ontroller_incarnation\x18\x01 \x01(\x04\x12\x12\n\ngeneration\x18\x02 \x01(\x04\x12\x10\n\x08lease_ms\x18\x03 \x01(\r\x12\x15\n\repoch_unix_ns\x18\x04 \x01(\x03\x12\x0f\n\x07slot_ms\x18\x05 \x01(\r\x12-\n\x05slots\x18\x06 \x03(\x0b\x32\x1e.tensorlights.rpc.v1.SlotOrder\"\x1a\n\tSlotOrder\x12\r\n\x05order\x18\x01 \x03(\t2\x84\x02\n\tAgentLink\x12T\n\x08Register\x12$.tensorlights.rpc.v1.RegisterRequest\x1a\".tensorlights.rpc.v1.RegisterReply\x12L\n\x06Report\x12 .tensorlights.rpc.v1.AgentReport\x1a .tensorlights.rpc.v1.ReportReply\x12S\n\tWatchPlan\x12%.tensorlights.rpc.v1.WatchPlanRequest\x1a\x1d.tensorlights.rpc.v1.HostPlan0\x01\x62\x06proto3')
+DESCRIPTOR = _descriptor_pool.Default().AddSerializedFile(b'\n$tensorlights/rpc/v1/agent_link.proto\x12\x13tensorlights.rpc.v1\"0\n\tInterface\x12\x0c\n\x04name\x18\x01 \x01(\t\x12\x15\n\rlink_rate_bps\x18\x02 \x01(\x04\"\x9e\x01\n\x0fRegisterRequest\x12\x0c\n\x04host\x18\x01 \x01(\t\x12\x19\n\x11\x61gent_incarnation\x18\x02 \x01(\x04\x12\x15\n\ragent_version\x18\x03 \x01(\t\x12\x32\n\ninterfaces\x18\x04 \x03(\x0b\x32\x1e.tensorlights.rpc.v1.Interface\x12\x17\n\x0f\x66\x61llback_policy\x18\x05 \x01(\t\"{\n\rRegisterReply\x12\x0f\n\x07session\x18\x01 \x01(\t\x12\x1e\n\x16\x63ontroller_incarnation\x18\x02 \x01(\x04\x12\x1a\n\x12report_interval_ms\x18\x03 \x01(\r\x12\x1d\n\x15heartbeat_interval_ms\x18\x04 \x01(\r\"\xa5\x02\n\x05PsJob\x12\x0b\n\x03job\x18\x01 \x01(\t\x12\r\n\x05ports\x18\x02 \x03(\r\x12\x11\n\tprocesses\x18\x03 \x01(\r\x12\x13\n\x0b\x63onnections\x18\x04 \x01(\r\x12\x15\n\x08spread_s\x18\x05 \x01(\x01H\x00\x88\x01\x01\x12\x15\n\x08period_s\x18\x06 \x01(\x01H\x01\x88\x01\x01\x12\x13\n\x06\x64\x65mand\x18\x07 \x01(\x01H\x02\x88\x01\x01\x12\x0c\n\x04kind\x18\x08 \x01(\t\x12\x12\n\x05lag_s\x18\t \x01(\x01H\x03\x88\x01\x01\x12\x1a\n\x12waits_for_siblings\x18\n \x01(\x08\x12\x18\n\x0bremaining_s\x18\x0b \x01(\x01H\x04\x88\x01\x01\x42\x0b\n\t_spread_sB\x0b\n\t_period_sB\t\n\x07_demandB\x08\n\x06_lag_sB\x0e\n\x0c_remaining_s\"K\n\x08Rotation\x12\r\n\x05green\x18\x01 \x01(\t\x12\x17\n\x0f\x61pplied_unix_ns\x18\x02 \x01(\x03\x12\x17\n\x0fplan_generation\x18\x03 \x01(\x04\"\xa5\x01\n\x0b\x41gentReport\x12\x0f\n\x07session\x18\x01 \x01(\t\x12\x0b\n\x03seq\x18\x02 \x01(\x04\x12(\n\x04jobs\x18\x03 \x03(\x0b\x32\x1a.tensorlights.rpc.v1.PsJob\x12\x30\n\trotations\x18\x04 \x03(\x0b\x32\x1d.tensorlights.rpc.v1.Rotation\x12\x0c\n\x04mode\x18\x05 \x01(\t\x12\x0e\n\x06health\x18\x06 \x01(\t\"\x8f\x01\n\x0bReportReply\x12\x0b\n\x03seq\x18\x01 \x01(\x04\x12.\n\x08vouchers\x18\x02 \x03(\x0b\x32\x1c.tensorlights.rpc.v1.Voucher\x12\x18\n\x10plan_incarnation\x18\x03 \x01(\x04\x12\x17\n\x0fplan_generation\x18\x04 \x01(\x04\x12\x10\n\x08lease_ms\x18\x05 \x01(\r\"\\\n\x07Voucher\x12\x0b\n\x03job\x18\x01 \x01(\t\x12\x0e\n\x06source\x18\x02 \x01(\t\x12\x0c\n\x04user\x18\x03 \x01(\t\x12&\n\x04pods\x18\x04 \x03(\x0b\x32\x18.tensorlights.rpc.v1.Pod\"<\n\x03Pod\x12\x0b\n\x03uid\x18\x01 \x01(\t\x12\x18\n\x0brun_as_user\x18\x02 \x01(\rH\x00\x88\x01\x01\x42\x0e\n\x0c_run_as_user\"#\n\x10WatchPlanRequest\x12\x0f\n\x07session\x18\x01 \x01(\t\"\xa7\x01\n\x08HostPlan\x12\x1e\n\x16\x63ontroller_incarnation\x18\x01 \x01(\x04\x12\x12\n\ngeneration\x18\x02 \x01(\x04\x12\x10\n\x08lease_ms\x18\x03 \x01(\r\x12\x15\n\repoch_unix_ns\x18\x04 \x01(\x03\x12\x0f\n\x07slot_ms\x18\x05 \x01(\r\x12-\n\x05slots\x18\x06 \x03(\x0b\x32\x1e.tensorlights.rpc.v1.SlotOrder\"\x1a\n\tSlotOrder\x12\r\n\x05order\x18\x01 \x03(\t2\x84\x02\n\tAgentLink\x12T\n\x08Register\x12$.tensorlights.rpc.v1.RegisterRequest\x1a\".tensorlights.rpc.v1.RegisterReply\x12L\n\x06Report\x12 .tensorlights.rpc.v1.AgentReport\x1a .tensorlights.rpc.v1.ReportReply\x12S\n\tWatchPlan\x12%.tensorlights.rpc.v1.WatchPlanRequest\x1a\x1d.tensorlights.rpc.v1.HostPlan0\x01\x62\x06proto3')
 
 _globals = globals()
 _builder.BuildMessageAndEnumDescriptors(DESCRIPTOR, _globals)
@@ -38,23 +38,23 @@ if not _descriptor._USE_C_DESCRIPTORS:
   _globals['_REGISTERREPLY']._serialized_start=272
   _globals['_REGISTERREPLY']._serialized_end=395
   _globals['_PSJOB']._serialized_start=398
-  _globals['_PSJOB']._serialized_end=649
-  _globals['_ROTATION']._serialized_start=651
-  _globals['_ROTATION']._serialized_end=726
-  _globals['_AGENTREPORT']._serialized_start=729
-  _globals['_AGENTREPORT']._serialized_end=894
-  _globals['_REPORTREPLY']._serialized_start=897
-  _globals['_REPORTREPLY']._serialized_end=1040
-  _globals['_VOUCHER']._serialized_start=1042
-  _globals['_VOUCHER']._serialized_end=1134
-  _globals['_POD']._serialized_start=1136
-  _globals['_POD']._serialized_end=1196
-  _globals['_WATCHPLANREQUEST']._serialized_start=1198
-  _globals['_WATCHPLANREQUEST']._serialized_end=1233
-  _globals['_HOSTPLAN']._serialized_start=1236
-  _globals['_HOSTPLAN']._serialized_end=1403
-  _globals['_SLOTORDER']._serialized_start=1405
-  _globals['_SLOTORDER']._serialized_end=1431
-  _globals['_AGENTLINK']._serialized_start=1434
-  _globals['_AGENTLINK']._serialized_end=1694
+  _globals['_PSJOB']._serialized_end=691
+  _globals['_ROTATION']._serialized_start=693
+  _globals['_ROTATION']._serialized_end=768
+  _globals['_AGENTREPORT']._serialized_start=771
+  _globals['_AGENTREPORT']._serialized_end=936
+  _globals['_REPORTREPLY']._serialized_start=939
+  _globals['_REPORTREPLY']._serialized_end=1082
+  _globals['_VOUCHER']._serialized_start=1084
+  _globals['_VOUCHER']._serialized_end=1176
+  _globals['_POD']._serialized_start=1178
+  _globals['_POD']._serialized_end=1238
+  _globals['_WATCHPLANREQUEST']._serialized_start=1240
+  _globals['_WATCHPLANREQUEST']._serialized_end=1275
+  _globals['_HOSTPLAN']._serialized_start=1278
+  _globals['_HOSTPLAN']._serialized_end=1445
+  _globals['_SLOTORDER']._serialized_start=1447
+  _globals['_SLOTORDER']._serialized_end=1473
+  _globals['_AGENTLINK']._serialized_start=1476
+  _globals['_AGENTLINK']._serialized_end=1736
 # @@protoc_insertion_point(module_scope)

@@ -41,7 +41,7 @@ class RegisterReply(_message.Message):
     def __init__(self, session: _Optional[str] = ..., controller_incarnation: _Optional[int] = ..., report_interval_ms: _Optional[int] = ..., heartbeat_interval_ms: _Optional[int] = ...) -> None: ...
 
 class PsJob(_message.Message):
-    __slots__ = ("job", "ports", "processes", "connections", "spread_s", "period_s", "demand", "kind", "lag_s", "waits_for_siblings")
+    __slots__ = ("job", "ports", "processes", "connections", "spread_s", "period_s", "demand", "kind", "lag_s", "waits_for_siblings", "remaining_s")
     JOB_FIELD_NUMBER: _ClassVar[int]
     PORTS_FIELD_NUMBER: _ClassVar[int]
     PROCESSES_FIELD_NUMBER: _ClassVar[int]
@@ -52,6 +52,7 @@ class PsJob(_message.Message):
     KIND_FIELD_NUMBER: _ClassVar[int]
     LAG_S_FIELD_NUMBER: _ClassVar[int]
     WAITS_FOR_SIBLINGS_FIELD_NUMBER: _ClassVar[int]
+    REMAINING_S_FIELD_NUMBER: _ClassVar[int]
     job: str
     ports: _containers.RepeatedScalarFieldContainer[int]
     processes: int
@@ -62,7 +63,8 @@ class PsJob(_message.Message):
     kind: str
     lag_s: float
     waits_for_siblings: bool
-    def __init__(self, job: _Optional[str] = ..., ports: _Optional[_Iterable[int]] = ..., processes: _Optional[int] = ..., connections: _Optional[int] = ..., spread_s: _Optional[float] = ..., period_s: _Optional[float] = ..., demand: _Optional[float] = ..., kind: _Optional[str] = ..., lag_s: _Optional[float] = ..., waits_for_siblings: _Optional[bool] = ...) -> None: ...
+    remaining_s: float
+    def __init__(self, job: _Optional[str] = ..., ports: _Optional[_Iterable[int]] = ..., processes: _Optional[int] = ..., connections: _Optional[int] = ..., spread_s: _Optional[float] = ..., period_s: _Optional[float] = ..., demand: _Optional[float] = ..., kind: _Optional[str] = ..., lag_s: _Optional[float] = ..., waits_for_siblings: _Optional[bool] = ..., remaining_s: _Optional[float] = ...) -> None: ...
 
 class Rotation(_message.Message):
     __slots__ = ("green", "applied_unix_ns", "plan_generation")
