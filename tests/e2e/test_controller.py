@@ -314,6 +314,19 @@ def start_known_jobs(
         )  # fmt: skip
 
 
+def following_order(agent: AgentProcess, order: list[str], shown: str) -> dict[str, Any]:
+    """The agent's status once it follows a plan ordering its jobs `order`, each of them in
+    its pack view's `shown` (loads, remaining_s)."""
+    return agent.wait_status(
+        lambda d: (
+            d.get("mode") == "plan"
+            and d.get("order") == order
+            and set(order) <= set(d.get("pack", {}).get(shown, {}))
+        ),
+        deadline_s=40,
+    )
+
+
 def test_pack_orders_jobs_cluster_wide_by_the_demand_agents_measure(tmp_path: Path) -> None:
     """Controller policy pack: a small and a big synthetic job (real pushes) on ps1; ps1's
     agent measures their demand and reports it; the controller ranks the small one first
@@ -327,14 +340,7 @@ def test_pack_orders_jobs_cluster_wide_by_the_demand_agents_measure(tmp_path: Pa
             start_known_jobs(
                 c, controller, [("big", 6_000_000, 60, {}), ("small", 1_000_000, 60, {})], jobs
             )
-            document = agent.wait_status(
-                lambda d: (
-                    d.get("mode") == "plan"
-                    and d.get("order") == [small, big]
-                    and {small, big} <= set(d.get("pack", {}).get("loads", {}))
-                ),
-                deadline_s=40,
-            )
+            document = following_order(agent, [small, big], "loads")
             assert document["plan_generation"] > 0
             demands = document["pack"]["loads"]
             assert demands[small]["demand"] < demands[big]["demand"]
@@ -364,14 +370,7 @@ def test_pack_orders_equal_jobs_cluster_wide_by_the_work_they_declare_left(
                  ("short", 2_000_000, 60, {"TENSORLIGHTS_ITERATIONS": "60"})],
                 jobs,
             )  # fmt: skip
-            document = agent.wait_status(
-                lambda d: (
-                    d.get("mode") == "plan"
-                    and d.get("order") == [short, long]
-                    and {short, long} <= set(d.get("pack", {}).get("remaining_s", {}))
-                ),
-                deadline_s=40,
-            )
+            document = following_order(agent, [short, long], "remaining_s")
             left = document["pack"]["remaining_s"]
             assert left[short] < left[long]
             loads = document["pack"]["loads"]
