@@ -391,7 +391,7 @@ DEMAND_NOISE = 1.1
 (pack groups them within x1.3): moving less is not news to the controller."""
 
 
-def demand_moved(old: float | None, new: float | None) -> bool:
+def moved_beyond_noise(old: float | None, new: float | None) -> bool:
     """A change of a job's reported demand, or of its remaining time, worth telling the
     controller (and replanning)."""
     if old is None or new is None:
@@ -418,8 +418,8 @@ def jobs_moved(old: Sequence[ReportedJob], new: Sequence[ReportedJob]) -> bool:
 
     return any(
         shape(before[name]) != shape(job)
-        or demand_moved(before[name].demand, job.demand)
-        or demand_moved(before[name].remaining_s, job.remaining_s)
+        or moved_beyond_noise(before[name].demand, job.demand)
+        or moved_beyond_noise(before[name].remaining_s, job.remaining_s)
         for name, job in after.items()
     )
 
