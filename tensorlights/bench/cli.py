@@ -194,6 +194,7 @@ def run(
             with open(out / TRIALS, "a") as handle:
                 handle.write(json.dumps(trial.to_dict()) + "\n")
             own = "" if trial.own_cores is None else f", CPU {trial.own_cores:.2f}/{trial.cores}"
+            own += "" if trial.daemon_cores is None else f" (daemons {trial.daemon_cores:.3f})"
             click.echo(
                 f"[{number}/{len(todo)}] {scenario} {policy.value} rep {rep}: avg JCT "
                 f"{trial.avg_jct_s:.2f} s,"

@@ -16,7 +16,7 @@ from __future__ import annotations
 
 import math
 import os
-from collections.abc import Iterable, Mapping, Set
+from collections.abc import Collection, Iterable, Mapping, Set
 
 from tensorlights.discovery.procfs import (
     MachineTicks,
@@ -69,7 +69,9 @@ def ticks_since(before: Mapping[ProcKey, int], after: Mapping[ProcKey, int]) -> 
 class CpuUse:
     """Reads /proc at most every SAMPLE_S (`tick`, from the run's loop) and adds up the CPU of
     other work (other processes and steal) and of the run (the machine's busy time less other
-    processes'); `own_cores` and `other_cores` are their averages over the span read."""
+    processes'); `own_cores` and `other_cores` are their averages over the span read. Of
+    the run's, `daemon_cores`: what the processes named as the policy's own (agents,
+    controller) took, from the first read that named any."""
 
     def __init__(self, procfs: ProcFs | None = None, root_pid: int | None = None) -> None:
         self._procfs = procfs or ProcFs()
@@ -79,12 +81,16 @@ class CpuUse:
         self._other_ticks = 0
         self._first_at = math.nan
         self._sampled_at = -math.inf
+        self._daemons_first: dict[ProcKey, int] = {}
+        self._daemons_latest: dict[ProcKey, int] = {}
+        self._daemons_from = math.nan
 
-    def tick(self, now: float) -> None:
+    def tick(self, now: float, daemons: Collection[int] = ()) -> None:
         if now - self._sampled_at >= SAMPLE_S:
-            self.sample(now)
+            self.sample(now, daemons)
 
-    def sample(self, now: float) -> None:
+    def sample(self, now: float, daemons: Collection[int] = ()) -> None:
+        """One read; `daemons`: the pids of the policy's own processes now."""
         stats = []
         for pid in self._procfs.pids():
             try:
@@ -105,6 +111,14 @@ class CpuUse:
             self._other_ticks += other_processes + machine.steal - machine_before.steal
         self._last = set(mine), others, machine
         self._sampled_at = now
+        if daemons and math.isnan(self._daemons_from):
+            self._daemons_from = now
+        # Each daemon counts from when it is first named: not its start-up before the run
+        # (an agent's imports, its first reads), and a restarted one anew.
+        for stat in stats:
+            if stat.key.pid in daemons:
+                self._daemons_first.setdefault(stat.key, stat.cpu_ticks)
+                self._daemons_latest[stat.key] = stat.cpu_ticks
 
     @property
     def other_cpu_s(self) -> float:
@@ -125,3 +139,14 @@ class CpuUse:
     def own_cores(self) -> float | None:
         """The run's processes' average cores from the first read to the latest."""
         return self._cores(self.own_cpu_s)
+
+    @property
+    def daemon_cpu_s(self) -> float:
+        ticks = sum(t - self._daemons_first[key] for key, t in self._daemons_latest.items())
+        return ticks / self._procfs.ticks_per_second
+
+    def daemon_cores(self) -> float | None:
+        """The daemons' average cores from the first read that named one to the latest; None
+        where none was named (no daemon: FIFO), or before two such reads."""
+        span = self._sampled_at - self._daemons_from
+        return self.daemon_cpu_s / span if span > 0 else None

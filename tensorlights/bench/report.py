@@ -198,6 +198,30 @@ def scenario_section(
     return [*lines, ""]
 
 
+def daemons_table(trials: Sequence[Trial]) -> list[str]:
+    """The cores the policy's own processes took, per scenario and policy (median over its
+    runs): on a machine the jobs keep busy, a policy's own cost is a cost to the jobs."""
+    by_run: dict[tuple[str, str], list[float]] = {}
+    for t in trials:
+        if t.daemon_cores is not None:
+            by_run.setdefault((t.scenario, t.policy), []).append(t.daemon_cores)
+    if not by_run:
+        return []
+    lines = [
+        "",
+        "Of those, the policy's own processes (agents, controller; the prototype's port "
+        "feed, not its `tc` commands), from when they were up to the jobs' end:",
+        "",
+        "| runs | policy | daemons' cores, median | largest |",
+        "|---|---|---:|---:|",
+    ]
+    for (scenario, policy), cores in sorted(by_run.items()):
+        lines.append(
+            f"| {scenario} | {policy} | {statistics.median(cores):.3f} | {max(cores):.3f} |"
+        )
+    return lines
+
+
 def cpu_section(trials: Sequence[Trial]) -> list[str]:
     """The CPU the runs' own processes took, per scenario (how CPU-bound its runs were), and
     what other work on the machine took and the runs it disturbed (results.Trial.disturbed);
@@ -228,6 +252,7 @@ def cpu_section(trials: Sequence[Trial]) -> list[str]:
             f"| {scenario} | {statistics.median(own):.2f} | {max(own):.2f} | {cores or '?'} "
             f"| {bound} of {len(runs)} |"
         )
+    lines += daemons_table(measured)
     worst = max(t.other_cores or 0.0 for t in measured)
     lines += [
         "",

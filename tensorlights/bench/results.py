@@ -62,6 +62,10 @@ class Trial:
     evening summed the run's processes only: lower by their last 2 s and the kernel's work."""
     cores: int | None = None
     """The machine's cores (os.cpu_count) as the run saw them."""
+    daemon_cores: float | None = None
+    """Of `own_cores`, what the policy's own processes took (agents, controller; the
+    prototype's port feed, not its `tc` commands), from when they were up; None where none
+    runs (FIFO, a job alone) and for runs recorded before 2026-12-07."""
 
     @property
     def avg_jct_s(self) -> float:

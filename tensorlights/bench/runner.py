@@ -25,7 +25,7 @@ import time
 from collections.abc import Callable, Mapping, Sequence
 from dataclasses import dataclass
 from pathlib import Path
-from typing import Protocol
+from typing import Any, Protocol
 
 from tensorlights.agent.status import read_status, read_status_document, status_of
 from tensorlights.bench import legacy_tc
@@ -120,6 +120,11 @@ class Driver(Protocol):
         """Every move of the green light seen on each shaped host that has one."""
         ...
 
+    def daemons(self) -> list[int]:
+        """The pids of the policy's own processes running now (agents, controller, the
+        prototype's port feed), whose CPU the run reports apart."""
+        ...
+
 
 class FifoLink:
     """No TensorLights: one FIFO queue drained at the link rate."""
@@ -139,6 +144,9 @@ class FifoLink:
     def stop(self) -> int:
         netns.run(["tc", "-n", self.ns, "qdisc", "del", "dev", IFNAME, "root"], check=False)
         return 0
+
+    def daemons(self) -> list[int]:
+        return []
 
     def greens(self) -> Greens:
         return []
@@ -183,6 +191,9 @@ class EveryHost:
 
     def host_greens(self) -> dict[str, Greens]:
         return {host: moves for d in self.drivers for host, moves in d.host_greens().items()}
+
+    def daemons(self) -> list[int]:
+        return [pid for driver in self.drivers for pid in driver.daemons()]
 
 
 class LegacyTree:
@@ -332,6 +343,14 @@ class LegacyTree:
     def host_greens(self) -> dict[str, Greens]:
         return {self.name: self.greens()}
 
+    def daemons(self) -> list[int]:
+        return _running(self.feeder)
+
+
+def _running(proc: subprocess.Popen[Any] | None) -> list[int]:
+    """`proc`'s pid while it runs (`ip netns exec` execs the command: the same pid)."""
+    return [proc.pid] if proc is not None and proc.poll() is None else []
+
 
 def _process_up(
     proc: subprocess.Popen[bytes], ready: Callable[[], bool], what: str, log_path: Path
@@ -422,6 +441,9 @@ class ControllerOnHost:
 
     def host_greens(self) -> dict[str, Greens]:
         return {}
+
+    def daemons(self) -> list[int]:
+        return _running(self.proc)
 
 
 class AgentOnHost:
@@ -521,6 +543,9 @@ class AgentOnHost:
 
     def host_greens(self) -> dict[str, Greens]:
         return {self.name: self.greens()}
+
+    def daemons(self) -> list[int]:
+        return _running(self.proc)
 
     def stop(self) -> int:
         if self.proc is not None and self.proc.poll() is None:
@@ -708,6 +733,7 @@ def run_trial(
     cpu.sample(time.monotonic())
     try:
         driver.start()
+        cpu.sample(time.monotonic(), driver.daemons())  # the daemons counted from here
         tx_before = _tx_bytes(measured)
         lead = max(start_ups)
         started = time.monotonic() + lead
@@ -740,9 +766,9 @@ def run_trial(
                     index, dict(zip(spec.ps_hosts, ports, strict=True)), running[index].job
                 )
             driver.tick(now)
-            cpu.tick(now)
+            cpu.tick(now, driver.daemons())
             time.sleep(POLL_S)
-        cpu.sample(time.monotonic())
+        cpu.sample(time.monotonic(), driver.daemons())
         runs = []
         for index, job in sorted(running.items()):
             received = job.received(timeout=60)
@@ -781,7 +807,7 @@ def run_trial(
         last - first, rebuilds, profile, named(driver.greens()),
         {host: named(moves) for host, moves in host_greens.items()}, len(measured),
         tuple(driver.events) if isinstance(driver, Faulted) else (), cpu.other_cores(),
-        cpu.own_cores(), os.cpu_count(),
+        cpu.own_cores(), os.cpu_count(), cpu.daemon_cores(),
     )  # fmt: skip
     log.info(
         "%s %s rep %d: avg JCT %.2f s, link %.0f%%",

@@ -62,6 +62,15 @@ def test_a_quick_benchmark_runs_every_policy_and_writes_the_report(tmp_path: Pat
         assert trial["link_bytes"] >= sum(4_000_000 * 2 * 5 for _ in trial["jobs"])
         assert trial["other_cores"] >= 0 and trial["own_cores"] > 0  # both were read
         assert trial["cores"] == os.cpu_count()
+        # The policy's own processes: the agent (rotate), the prototype's port feed (fair,
+        # tl-rr-original: it may take under a tick in so short a run); none for FIFO and a
+        # job alone.
+        daemons = trial["daemon_cores"]
+        if trial["policy"] in ("fifo", "alone"):
+            assert daemons is None
+        else:
+            assert 0 <= daemons < trial["own_cores"]
+            assert daemons > 0 or trial["policy"] != "rotate"
     assert by_policy["tl-rr-original"]["rebuilds"] >= 1  # it rebuilt its qdisc with tc
     # Every move of the light is recorded: the prototype's at each rebuild, the agent's from
     # its status; the 500 ms rotation moves it several times among the three jobs.

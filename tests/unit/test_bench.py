@@ -449,6 +449,20 @@ def test_runs_with_other_work_beside_them_and_cpu_bound_runs_are_marked_in_the_r
     assert not any("t pack 0 |" in line for line in section)
     assert report.cpu_section([old]) == []
     assert "No run was disturbed." in report.cpu_section([quiet])
+    assert not any("daemons' cores" in line for line in section)  # none recorded
+
+
+def test_the_policys_own_processes_cpu_is_reported_per_scenario_and_policy() -> None:
+    runs = [
+        replace(_trial("pack", rep, {"j1": 10.0}), other_cores=0.0, own_cores=0.6, cores=2,
+                daemon_cores=cores)
+        for rep, cores in enumerate((0.012, 0.020, 0.016))
+    ]  # fmt: skip
+    fifo = replace(_trial("fifo", 0, {"j1": 12.0}), other_cores=0.0, own_cores=0.5, cores=2)
+    assert Trial.from_dict(runs[0].to_dict()) == runs[0]
+    section = report.cpu_section([*runs, fifo])
+    assert "| t | pack | 0.016 | 0.020 |" in section
+    assert not any("| t | fifo |" in line for line in section)  # no daemon ran
 
 
 def test_a_run_recorded_again_supersedes_its_earlier_record(tmp_path: Path) -> None:

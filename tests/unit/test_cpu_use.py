@@ -102,3 +102,30 @@ def test_the_runs_cpu_is_the_machines_busy_time_less_other_processes_and_steal_i
     assert cpu.other_cpu_s == pytest.approx((150 + 40) / hz)
     assert cpu.own_cpu_s == pytest.approx((190 + 50) / hz)
     assert cpu.own_cores() == pytest.approx(240 / hz / 4.0)
+
+
+def test_the_daemons_cpu_counts_from_when_each_is_first_named(tmp_path: Path) -> None:
+    """The agent (102) took 60 ticks starting up before the run named it: not counted. It is
+    restarted as 103 mid-run, whose start-up before its first naming is not counted either;
+    the span runs from the first read that named a daemon."""
+    procfs = ProcFs(tmp_path)
+    cpu = CpuUse(procfs, root_pid=100)
+    hz = procfs.ticks_per_second
+    reads = [
+        (0.0, (), {102: (100, 40)}),
+        (1.0, {102}, {102: (100, 60)}),
+        (3.0, {102}, {102: (100, 80)}),
+        (5.0, {103}, {103: (100, 30)}),
+        (7.0, {103}, {103: (100, 50)}),
+    ]
+    for at, daemons, processes in reads:
+        _write_proc(tmp_path, (1000 + int(at * 100), 0), {100: (1, 5), **processes})
+        cpu.sample(at, daemons)
+        if at == 0.0:
+            assert cpu.daemon_cores() is None  # none named yet
+    assert cpu.daemon_cpu_s == pytest.approx((20 + 20) / hz)
+    assert cpu.daemon_cores() == pytest.approx(40 / hz / 6.0)
+    fifo = CpuUse(procfs, root_pid=100)
+    fifo.sample(0.0)
+    fifo.sample(2.0)
+    assert fifo.daemon_cores() is None  # no daemon: FIFO, a job alone
