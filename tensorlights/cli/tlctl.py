@@ -119,7 +119,10 @@ def _seconds(value: float | None) -> str:
 
 def jobs_table(jobs: list[dict[str, Any]]) -> Table:
     table = Table(title="jobs", title_justify="left")
-    columns = ("JOB", "KIND", "NAME", "SOURCES", "HOSTS", "GREEN", "SPREAD", "PERIOD", "STATE")
+    columns = (
+        "JOB", "KIND", "NAME", "SOURCES", "HOSTS", "GREEN", "DEMAND", "LEFT", "SPREAD", "PERIOD",
+        "STATE",
+    )  # fmt: skip
     for column in columns:
         table.add_column(column)
     for job in jobs:
@@ -130,6 +133,8 @@ def jobs_table(jobs: list[dict[str, Any]]) -> Table:
             literal(",".join(job["sources"])),
             literal(",".join(job["ps_hosts"]) or "-"),
             f"{job['green_share']:.0%}" if job["ps_hosts"] else "-",
+            "-" if job["demand"] is None else f"{job['demand']:.2f}",
+            "-" if job["remaining_s"] is None else f"{job['remaining_s']:.1f} s",
             _seconds(job["spread_s"]),
             _seconds(job["period_s"]),
             literal(job["state"]),
@@ -177,7 +182,10 @@ def rotations_table(rotations: dict[str, Any], history: int) -> Table:
 @reports_errors
 @_client
 def jobs(client: OperatorClient, as_json: bool) -> None:
-    """Every job the controller knows: its sources, PS hosts and share of green time."""
+    """Every job the controller knows: its sources, PS hosts and share of green time, and
+    what orders it: DEMAND, the share of a link's time it takes summed over its hosts (the
+    least goes first), and LEFT, its remaining standalone time where it declared its
+    iterations (TENSORLIGHTS_ITERATIONS; among equal demands the least goes first)."""
     found = client.jobs()
     if as_json:
         echo_json(found)

@@ -117,6 +117,10 @@ class JobView:
     period_s: float | None
     kind: str = ""
     """As its agents report it (collective if any says so); empty where no agent reports it."""
+    demand: float | None = None
+    """The link time it takes, summed over its hosts (`Registry.demands`); None unmeasured."""
+    remaining_s: float | None = None
+    """Its remaining standalone time where it declared its iterations (`Registry.remaining`)."""
 
 
 class Registry:
@@ -439,6 +443,8 @@ class Registry:
                     spread_s=max(spreads) if spreads else None,
                     period_s=max(periods) if periods else None,
                     kind=_kind(reports),
+                    demand=self._demand.get(job),
+                    remaining_s=self._remaining.get(job),
                 )
             )
         return views

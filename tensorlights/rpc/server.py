@@ -249,6 +249,10 @@ def _job_message(view: JobView, share: float) -> op_pb.Job:
         message.spread_s = view.spread_s
     if view.period_s is not None:
         message.period_s = view.period_s
+    if view.demand is not None:
+        message.demand = view.demand
+    if view.remaining_s is not None:
+        message.remaining_s = view.remaining_s
     return message
 
 

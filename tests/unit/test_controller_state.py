@@ -644,6 +644,9 @@ def test_the_controller_orders_equal_jobs_by_the_remaining_work_their_agents_rep
     report("b", {"long": 20.0, "mid": 25.0, "short": 4.0})
     assert registry.remaining()["mid"] == 25.0
     assert order() == ("short", "mid", "long")
+    # tlctl jobs shows what ordered them: the demand summed over both hosts, the work left.
+    views = {view.job: view for view in registry.jobs()}
+    assert (views["mid"].demand, views["mid"].remaining_s) == (1.0, 25.0)
     report("b", {"long": 20.0, "mid": 30.0, "short": 4.0})
     assert order() == ("short", "long", "mid")
     # short no longer declares on either host (agents that predate it): its group is not
@@ -652,6 +655,7 @@ def test_the_controller_orders_equal_jobs_by_the_remaining_work_their_agents_rep
         report(host, {"long": 20.0, "mid": 10.0, "short": None})
     assert "short" not in registry.remaining()
     assert order() == ("short", "long", "mid")
+    assert next(v for v in registry.jobs() if v.job == "short").remaining_s is None
 
 
 def test_a_starving_jobs_lag_crosses_the_wire() -> None:

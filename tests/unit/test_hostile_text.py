@@ -38,6 +38,8 @@ def test_job_names_are_printed_literally_in_tlctl_tables() -> None:
             "sources": ["agent"],
             "ps_hosts": ["h1"],
             "green_share": 0.5,
+            "demand": None,
+            "remaining_s": None,
             "spread_s": None,
             "period_s": None,
             "state": "RUNNING",

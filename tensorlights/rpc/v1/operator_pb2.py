@@ -25,7 +25,7 @@ _sym_db = _symbol_database.Default()
 from tensorlights.rpc.v1 import agent_link_pb2 as tensorlights_dot_rpc_dot_v1_dot_agent__link__pb2
 
 
-DESCRIPTOR = _descriptor_pool.Default().AddSerializedFile(b'\n\"tensorlights/rpc/v1/operator.proto\x12\x13tensorlights.rpc.v1\x1a$tensorlights/rpc/v1/agent_link.proto\"\xda\x01\n\x03Job\x12\x0b\n\x03job\x18\x01 \x01(\t\x12\x0c\n\x04name\x18\x02 \x01(\t\x12\x0f\n\x07sources\x18\x03 \x03(\t\x12\x10\n\x08ps_hosts\x18\x04 \x03(\t\x12\r\n\x05nodes\x18\x05 \x03(\t\x12\r\n\x05state\x18\x06 \x01(\t\x12\x0c\n\x04user\x18\x07 \x01(\t\x12\x15\n\x08spread_s\x18\x08 \x01(\x01H\x00\x88\x01\x01\x12\x15\n\x08period_s\x18\t \x01(\x01H\x01\x88\x01\x01\x12\x13\n\x0bgreen_share\x18\n \x01(\x01\x12\x0c\n\x04kind\x18\x0b \x01(\tB\x0b\n\t_spread_sB\x0b\n\t_period_s\"\xd4\x01\n\x04Host\x12\x0c\n\x04host\x18\x01 \x01(\t\x12\x11\n\tconnected\x18\x02 \x01(\x08\x12\x0c\n\x04mode\x18\x03 \x01(\t\x12\x1b\n\x13last_report_unix_ns\x18\x04 \x01(\x03\x12\x32\n\ninterfaces\x18\x05 \x03(\x0b\x32\x1e.tensorlights.rpc.v1.Interface\x12\x0c\n\x04jobs\x18\x06 \x03(\t\x12\x15\n\ragent_version\x18\x07 \x01(\t\x12\x0e\n\x06health\x18\x08 \x01(\t\x12\x17\n\x0fplan_generation\x18\t \x01(\x04\"-\n\x08Upcoming\x12\r\n\x05green\x18\x01 \x01(\t\x12\x12\n\nat_unix_ns\x18\x02 \x01(\x03\"\xcf\x01\n\x0cHostRotation\x12\x0c\n\x04host\x18\x01 \x01(\t\x12\r\n\x05green\x18\x02 \x01(\t\x12\x1b\n\x13green_since_unix_ns\x18\x03 \x01(\x03\x12\x0c\n\x04next\x18\x04 \x01(\t\x12\x17\n\x0fnext_at_unix_ns\x18\x05 \x01(\x03\x12/\n\x08upcoming\x18\x06 \x03(\x0b\x32\x1d.tensorlights.rpc.v1.Upcoming\x12-\n\x06recent\x18\x07 \x03(\x0b\x32\x1d.tensorlights.rpc.v1.Rotation\"\x11\n\x0fListJobsRequest\"7\n\rListJobsReply\x12&\n\x04jobs\x18\x01 \x03(\x0b\x32\x18.tensorlights.rpc.v1.Job\"\x12\n\x10ListHostsRequest\":\n\x0eListHostsReply\x12(\n\x05hosts\x18\x01 \x03(\x0b\x32\x19.tensorlights.rpc.v1.Host\"5\n\x13GetRotationsRequest\x12\x0c\n\x04host\x18\x01 \x01(\t\x12\x10\n\x08upcoming\x18\x02 \x01(\r\"Y\n\x11GetRotationsReply\x12\x12\n\nat_unix_ns\x18\x01 \x01(\x03\x12\x30\n\x05hosts\x18\x02 \x03(\x0b\x32!.tensorlights.rpc.v1.HostRotation\"#\n\x0cWatchRequest\x12\x13\n\x0binterval_ms\x18\x01 \x01(\r\"\xbd\x01\n\x0b\x43lusterView\x12\x12\n\nat_unix_ns\x18\x01 \x01(\x03\x12\x12\n\ngeneration\x18\x02 \x01(\x04\x12&\n\x04jobs\x18\x03 \x03(\x0b\x32\x18.tensorlights.rpc.v1.Job\x12(\n\x05hosts\x18\x04 \x03(\x0b\x32\x19.tensorlights.rpc.v1.Host\x12\x34\n\trotations\x18\x05 \x03(\x0b\x32!.tensorlights.rpc.v1.HostRotation2\xeb\x02\n\x08Operator\x12T\n\x08ListJobs\x12$.tensorlights.rpc.v1.ListJobsRequest\x1a\".tensorlights.rpc.v1.ListJobsReply\x12W\n\tListHosts\x12%.tensorlights.rpc.v1.ListHostsRequest\x1a#.tensorlights.rpc.v1.ListHostsReply\x12`\n\x0cGetRotations\x12(.tensorlights.rpc.v1.GetRotationsRequest\x1a&.tensorlights.rpc.v1.GetRotationsReply\x12N\n\x05Watch\x12!.tensorlights.rpc.v1.WatchRequest\x1a .tensorlights.rpc.v1.ClusterView0\x01\x62\x06proto3')
+DESCRIPTOR = _descriptor_pool.Default().AddSerializedFile(b'\n\"tensorlights/rpc/v1/operator.proto\x12\x13tensorlights.rpc.v1\x1a$tensorlights/rpc/v1/agent_link.proto\"\xa4\x02\n\x03Job\x12\x0b\n\x03job\x18\x01 \x01(\t\x12\x0c\n\x04name\x18\x02 \x01(\t\x12\x0f\n\x07sources\x18\x03 \x03(\t\x12\x10\n\x08ps_hosts\x18\x04 \x03(\t\x12\r\n\x05nodes\x18\x05 \x03(\t\x12\r\n\x05state\x18\x06 \x01(\t\x12\x0c\n\x04user\x18\x07 \x01(\t\x12\x15\n\x08spread_s\x18\x08 \x01(\x01H\x00\x88\x01\x01\x12\x15\n\x08period_s\x18\t \x01(\x01H\x01\x88\x01\x01\x12\x13\n\x0bgreen_share\x18\n \x01(\x01\x12\x0c\n\x04kind\x18\x0b \x01(\t\x12\x13\n\x06\x64\x65mand\x18\x0c \x01(\x01H\x02\x88\x01\x01\x12\x18\n\x0bremaining_s\x18\r \x01(\x01H\x03\x88\x01\x01\x42\x0b\n\t_spread_sB\x0b\n\t_period_sB\t\n\x07_demandB\x0e\n\x0c_remaining_s\"\xd4\x01\n\x04Host\x12\x0c\n\x04host\x18\x01 \x01(\t\x12\x11\n\tconnected\x18\x02 \x01(\x08\x12\x0c\n\x04mode\x18\x03 \x01(\t\x12\x1b\n\x13last_report_unix_ns\x18\x04 \x01(\x03\x12\x32\n\ninterfaces\x18\x05 \x03(\x0b\x32\x1e.tensorlights.rpc.v1.Interface\x12\x0c\n\x04jobs\x18\x06 \x03(\t\x12\x15\n\ragent_version\x18\x07 \x01(\t\x12\x0e\n\x06health\x18\x08 \x01(\t\x12\x17\n\x0fplan_generation\x18\t \x01(\x04\"-\n\x08Upcoming\x12\r\n\x05green\x18\x01 \x01(\t\x12\x12\n\nat_unix_ns\x18\x02 \x01(\x03\"\xcf\x01\n\x0cHostRotation\x12\x0c\n\x04host\x18\x01 \x01(\t\x12\r\n\x05green\x18\x02 \x01(\t\x12\x1b\n\x13green_since_unix_ns\x18\x03 \x01(\x03\x12\x0c\n\x04next\x18\x04 \x01(\t\x12\x17\n\x0fnext_at_unix_ns\x18\x05 \x01(\x03\x12/\n\x08upcoming\x18\x06 \x03(\x0b\x32\x1d.tensorlights.rpc.v1.Upcoming\x12-\n\x06recent\x18\x07 \x03(\x0b\x32\x1d.tensorlights.rpc.v1.Rotation\"\x11\n\x0fListJobsRequest\"7\n\rListJobsReply\x12&\n\x04jobs\x18\x01 \x03(\x0b\x32\x18.tensorlights.rpc.v1.Job\"\x12\n\x10ListHostsRequest\":\n\x0eListHostsReply\x12(\n\x05hosts\x18\x01 \x03(\x0b\x32\x19.tensorlights.rpc.v1.Host\"5\n\x13GetRotationsRequest\x12\x0c\n\x04host\x18\x01 \x01(\t\x12\x10\n\x08upcoming\x18\x02 \x01(\r\"Y\n\x11GetRotationsReply\x12\x12\n\nat_unix_ns\x18\x01 \x01(\x03\x12\x30\n\x05hosts\x18\x02 \x03(\x0b\x32!.tensorlights.rpc.v1.HostRotation\"#\n\x0cWatchRequest\x12\x13\n\x0binterval_ms\x18\x01 \x01(\r\"\xbd\x01\n\x0b\x43lusterView\x12\x12\n\nat_unix_ns\x18\x01 \x01(\x03\x12\x12\n\ngeneration\x18\x02 \x01(\x04\x12&\n\x04jobs\x18\x03 \x03(\x0b\x32\x18.tensorlights.rpc.v1.Job\x12(\n\x05hosts\x18\x04 \x03(\x0b\x32\x19.tensorlights.rpc.v1.Host\x12\x34\n\trotations\x18\x05 \x03(\x0b\x32!.tensorlights.rpc.v1.HostRotation2\xeb\x02\n\x08Operator\x12T\n\x08ListJobs\x12$.tensorlights.rpc.v1.ListJobsRequest\x1a\".tensorlights.rpc.v1.ListJobsReply\x12W\n\tListHosts\x12%.tensorlights.rpc.v1.ListHostsRequest\x1a#.tensorlights.rpc.v1.ListHostsReply\x12`\n\x0cGetRotations\x12(.tensorlights.rpc.v1.GetRotationsRequest\x1a&.tensorlights.rpc.v1.GetRotationsReply\x12N\n\x05Watch\x12!.tensorlights.rpc.v1.WatchRequest\x1a .tensorlights.rpc.v1.ClusterView0\x01\x62\x06proto3')
 
 _globals = globals()
 _builder.BuildMessageAndEnumDescriptors(DESCRIPTOR, _globals)
@@ -33,29 +33,29 @@ _builder.BuildTopDescriptorsAndMessages(DESCRIPTOR, 'tensorlights.rpc.v1.operato
 if not _descriptor._USE_C_DESCRIPTORS:
   DESCRIPTOR._loaded_options = None
   _globals['_JOB']._serialized_start=98
-  _globals['_JOB']._serialized_end=316
-  _globals['_HOST']._serialized_start=319
-  _globals['_HOST']._serialized_end=531
-  _globals['_UPCOMING']._serialized_start=533
-  _globals['_UPCOMING']._serialized_end=578
-  _globals['_HOSTROTATION']._serialized_start=581
-  _globals['_HOSTROTATION']._serialized_end=788
-  _globals['_LISTJOBSREQUEST']._serialized_start=790
-  _globals['_LISTJOBSREQUEST']._serialized_end=807
-  _globals['_LISTJOBSREPLY']._serialized_start=809
-  _globals['_LISTJOBSREPLY']._serialized_end=864
-  _globals['_LISTHOSTSREQUEST']._serialized_start=866
-  _globals['_LISTHOSTSREQUEST']._serialized_end=884
-  _globals['_LISTHOSTSREPLY']._serialized_start=886
-  _globals['_LISTHOSTSREPLY']._serialized_end=944
-  _globals['_GETROTATIONSREQUEST']._serialized_start=946
-  _globals['_GETROTATIONSREQUEST']._serialized_end=999
-  _globals['_GETROTATIONSREPLY']._serialized_start=1001
-  _globals['_GETROTATIONSREPLY']._serialized_end=1090
-  _globals['_WATCHREQUEST']._serialized_start=1092
-  _globals['_WATCHREQUEST']._serialized_end=1127
-  _globals['_CLUSTERVIEW']._serialized_start=1130
-  _globals['_CLUSTERVIEW']._serialized_end=1319
-  _globals['_OPERATOR']._serialized_start=1322
-  _globals['_OPERATOR']._serialized_end=1685
+  _globals['_JOB']._serialized_end=390
+  _globals['_HOST']._serialized_start=393
+  _globals['_HOST']._serialized_end=605
+  _globals['_UPCOMING']._serialized_start=607
+  _globals['_UPCOMING']._serialized_end=652
+  _globals['_HOSTROTATION']._serialized_start=655
+  _globals['_HOSTROTATION']._serialized_end=862
+  _globals['_LISTJOBSREQUEST']._serialized_start=864
+  _globals['_LISTJOBSREQUEST']._serialized_end=881
+  _globals['_LISTJOBSREPLY']._serialized_start=883
+  _globals['_LISTJOBSREPLY']._serialized_end=938
+  _globals['_LISTHOSTSREQUEST']._serialized_start=940
+  _globals['_LISTHOSTSREQUEST']._serialized_end=958
+  _globals['_LISTHOSTSREPLY']._serialized_start=960
+  _globals['_LISTHOSTSREPLY']._serialized_end=1018
+  _globals['_GETROTATIONSREQUEST']._serialized_start=1020
+  _globals['_GETROTATIONSREQUEST']._serialized_end=1073
+  _globals['_GETROTATIONSREPLY']._serialized_start=1075
+  _globals['_GETROTATIONSREPLY']._serialized_end=1164
+  _globals['_WATCHREQUEST']._serialized_start=1166
+  _globals['_WATCHREQUEST']._serialized_end=1201
+  _globals['_CLUSTERVIEW']._serialized_start=1204
+  _globals['_CLUSTERVIEW']._serialized_end=1393
+  _globals['_OPERATOR']._serialized_start=1396
+  _globals['_OPERATOR']._serialized_end=1759
 # @@protoc_insertion_point(module_scope)

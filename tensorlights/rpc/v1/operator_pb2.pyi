@@ -8,7 +8,7 @@ from typing import ClassVar as _ClassVar, Optional as _Optional, Union as _Union
 DESCRIPTOR: _descriptor.FileDescriptor
 
 class Job(_message.Message):
-    __slots__ = ("job", "name", "sources", "ps_hosts", "nodes", "state", "user", "spread_s", "period_s", "green_share", "kind")
+    __slots__ = ("job", "name", "sources", "ps_hosts", "nodes", "state", "user", "spread_s", "period_s", "green_share", "kind", "demand", "remaining_s")
     JOB_FIELD_NUMBER: _ClassVar[int]
     NAME_FIELD_NUMBER: _ClassVar[int]
     SOURCES_FIELD_NUMBER: _ClassVar[int]
@@ -20,6 +20,8 @@ class Job(_message.Message):
     PERIOD_S_FIELD_NUMBER: _ClassVar[int]
     GREEN_SHARE_FIELD_NUMBER: _ClassVar[int]
     KIND_FIELD_NUMBER: _ClassVar[int]
+    DEMAND_FIELD_NUMBER: _ClassVar[int]
+    REMAINING_S_FIELD_NUMBER: _ClassVar[int]
     job: str
     name: str
     sources: _containers.RepeatedScalarFieldContainer[str]
@@ -31,7 +33,9 @@ class Job(_message.Message):
     period_s: float
     green_share: float
     kind: str
-    def __init__(self, job: _Optional[str] = ..., name: _Optional[str] = ..., sources: _Optional[_Iterable[str]] = ..., ps_hosts: _Optional[_Iterable[str]] = ..., nodes: _Optional[_Iterable[str]] = ..., state: _Optional[str] = ..., user: _Optional[str] = ..., spread_s: _Optional[float] = ..., period_s: _Optional[float] = ..., green_share: _Optional[float] = ..., kind: _Optional[str] = ...) -> None: ...
+    demand: float
+    remaining_s: float
+    def __init__(self, job: _Optional[str] = ..., name: _Optional[str] = ..., sources: _Optional[_Iterable[str]] = ..., ps_hosts: _Optional[_Iterable[str]] = ..., nodes: _Optional[_Iterable[str]] = ..., state: _Optional[str] = ..., user: _Optional[str] = ..., spread_s: _Optional[float] = ..., period_s: _Optional[float] = ..., green_share: _Optional[float] = ..., kind: _Optional[str] = ..., demand: _Optional[float] = ..., remaining_s: _Optional[float] = ...) -> None: ...
 
 class Host(_message.Message):
     __slots__ = ("host", "connected", "mode", "last_report_unix_ns", "interfaces", "jobs", "agent_version", "health", "plan_generation")
