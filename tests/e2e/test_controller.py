@@ -376,12 +376,17 @@ def test_pack_orders_equal_jobs_cluster_wide_by_the_work_they_declare_left(
             loads = document["pack"]["loads"]
             assert 1 / 1.3 < loads[short]["link_s"] / loads[long]["link_s"] < 1.3  # one model
             assert controller.query("rotations", "ps1")["hosts"][0]["green"] == short
-            # What ordered them, shown to the operator: the demands and the work left.
+            # What ordered them, shown to the operator: the work left and, once the agent
+            # trusts both (a few iterations more), the demands.
             views = {view["job"]: view for view in controller.query("jobs")}
             assert views[short]["remaining_s"] < views[long]["remaining_s"]
-            assert all(views[job]["demand"] > 0 for job in (short, long))
-            table = controller.tlctl("jobs")
-            assert table.returncode == 0 and "DEMAND" in table.stdout and "LEFT" in table.stdout
+
+            def demands() -> list[float | None]:
+                views = {view["job"]: view for view in controller.query("jobs")}
+                return [views[job]["demand"] for job in (short, long)]
+
+            controller.wait(lambda: None not in demands(), what="both jobs' demands")
+            assert all(demand is not None and demand > 0 for demand in demands())
         finally:
             for job in jobs.values():
                 job.kill()
