@@ -16,7 +16,7 @@ from __future__ import annotations
 
 import math
 import os
-from collections.abc import Collection, Iterable, Mapping, Set
+from collections.abc import Callable, Collection, Iterable, Mapping, Set
 
 from tensorlights.discovery.procfs import (
     MachineTicks,
@@ -85,9 +85,10 @@ class CpuUse:
         self._daemons_latest: dict[ProcKey, int] = {}
         self._daemons_from = math.nan
 
-    def tick(self, now: float, daemons: Collection[int] = ()) -> None:
+    def tick(self, now: float, daemons: Callable[[], Collection[int]] = tuple) -> None:
+        """A read if one is due; `daemons` is asked for the pids only then."""
         if now - self._sampled_at >= SAMPLE_S:
-            self.sample(now, daemons)
+            self.sample(now, daemons())
 
     def sample(self, now: float, daemons: Collection[int] = ()) -> None:
         """One read; `daemons`: the pids of the policy's own processes now."""

@@ -766,7 +766,7 @@ def run_trial(
                     index, dict(zip(spec.ps_hosts, ports, strict=True)), running[index].job
                 )
             driver.tick(now)
-            cpu.tick(now, driver.daemons())
+            cpu.tick(now, driver.daemons)
             time.sleep(POLL_S)
         cpu.sample(time.monotonic(), driver.daemons())
         runs = []
