@@ -199,7 +199,7 @@ def test_a_job_that_stays_after_its_last_iteration_is_idle_and_not_promoted(
         pack = document["pack"]
         if stays not in pack["lag_s"]:
             return False
-        past = pack["lag_s"][stays] > PROMOTE_AT * pack["lag_allowed_s"][stays]
+        past = bool(pack["lag_s"][stays] > PROMOTE_AT * pack["lag_allowed_s"][stays])
         seen.append((stays in pack["idle"], past, stays in pack["promoted_lag_s"]))
         return past
 

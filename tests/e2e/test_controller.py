@@ -15,7 +15,7 @@ from typing import Any
 import pytest
 
 from tensorlights.testbed.cluster import Cluster, cluster
-from tensorlights.testbed.psjob import start_job, tf_job_id, tf_launcher_env
+from tensorlights.testbed.psjob import RunningJob, start_job, tf_job_id, tf_launcher_env
 from tensorlights.testbed.socket_holder import Holder, clean_env, start_holder
 
 from .agentproc import AgentProcess
@@ -298,7 +298,7 @@ def start_known_jobs(
     c: Cluster,
     controller: ControllerProcess,
     jobs: list[tuple[str, int, int, dict[str, str]]],
-    started: dict[str, subprocess.Popen[bytes]],
+    started: dict[str, RunningJob],
 ) -> None:
     """Start each (tag, model bytes, iterations, extra env) on ps1 with 2 workers on w1, one
     after another once the controller knows the one before (so arrival orders them)."""
@@ -307,11 +307,11 @@ def start_known_jobs(
             c.hosts["ps1"].exec_args(), [c.hosts["w1"].exec_args()], "10.78.0.2",
             clean_env(tf_launcher_env(tag, 2) | extra), 2, model, iterations, 0.2,
         )  # fmt: skip
-        job_id = tf_job_id(tag, 2)
-        controller.wait(
-            lambda j=job_id: j in {v["job"] for v in controller.query("jobs")},
-            deadline_s=20, what=f"the controller to know {tag}",
-        )  # fmt: skip
+
+        def known(job: str = tf_job_id(tag, 2)) -> bool:
+            return job in {view["job"] for view in controller.query("jobs")}
+
+        controller.wait(known, deadline_s=20, what=f"the controller to know {tag}")
 
 
 def following_order(agent: AgentProcess, order: list[str], shown: str) -> dict[str, Any]:
@@ -331,7 +331,7 @@ def test_pack_orders_jobs_cluster_wide_by_the_demand_agents_measure(tmp_path: Pa
     """Controller policy pack: a small and a big synthetic job (real pushes) on ps1; ps1's
     agent measures their demand and reports it; the controller ranks the small one first
     and ps1 follows that order."""
-    jobs: dict[str, subprocess.Popen[bytes]] = {}
+    jobs: dict[str, RunningJob] = {}
     with pack_cluster(tmp_path) as (c, controller, agent):
         try:
             big, small = tf_job_id("big", 2), tf_job_id("small", 2)
@@ -360,7 +360,7 @@ def test_pack_orders_equal_jobs_cluster_wide_by_the_work_they_declare_left(
     declaring its iterations (TENSORLIGHTS_ITERATIONS). Their demands are equal: only the
     remaining work ps1's agent reports tells them apart, and the controller ranks the short
     trial first, as a host's own pack would."""
-    jobs: dict[str, subprocess.Popen[bytes]] = {}
+    jobs: dict[str, RunningJob] = {}
     with pack_cluster(tmp_path) as (c, controller, agent):
         try:
             long, short = tf_job_id("long", 2), tf_job_id("short", 2)

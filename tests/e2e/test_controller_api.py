@@ -56,11 +56,13 @@ def _channel(controller: ControllerProcess, name: str) -> grpc.Channel:
 
 def call(channel: grpc.Channel, method: str, payload: bytes | Any) -> tuple[Code, bytes]:
     raw = payload if isinstance(payload, bytes) else payload.SerializeToString()
-    stub = channel.unary_unary(f"/tensorlights.rpc.v1.{method}")
+    stub: grpc.UnaryUnaryMultiCallable[bytes, bytes] = channel.unary_unary(
+        f"/tensorlights.rpc.v1.{method}"
+    )
     try:
         return Code.OK, stub(raw, timeout=10)
     except grpc.RpcError as exc:
-        return exc.code(), exc.details().encode()
+        return exc.code(), (exc.details() or "").encode()
 
 
 def registration(host: str = "ps1", incarnation: int = 100) -> pb.RegisterRequest:
@@ -149,9 +151,10 @@ def test_bad_messages_are_refused_and_change_nothing(
         operator.close()
 
     # The plan stream delivers this host's plan.
-    stream = channel.unary_stream("/tensorlights.rpc.v1.AgentLink/WatchPlan")(
-        pb.WatchPlanRequest(session=session).SerializeToString(), timeout=10
+    watch: grpc.UnaryStreamMultiCallable[bytes, bytes] = channel.unary_stream(
+        "/tensorlights.rpc.v1.AgentLink/WatchPlan"
     )
+    stream = watch(pb.WatchPlanRequest(session=session).SerializeToString(), timeout=10)
     plan = pb.HostPlan.FromString(next(iter(stream)))
     stream.cancel()
     assert [list(slot.order) for slot in plan.slots] == [["j1"]]

@@ -324,10 +324,14 @@ def test_report_replies_renew_plans_and_the_stream_resends_only_to_silent_agents
     renew_times: list[float] = []
     tls = TlsFiles(pki / "ca.pem", pki / f"{HOST}.pem", pki / f"{HOST}.key")
     registration = Registration(HOST, time.time_ns(), "test", (("eth0", 10**9),), "pack")
+
+    def on_renewal(renewal: PlanRenewal) -> None:
+        renewals.append(renewal)
+        renew_times.append(time.monotonic())
+
     link = ControllerLink(
         f"127.0.0.1:{port}", tls, "127.0.0.1", registration,
-        on_plan=lambda plan: plans.append(time.monotonic()),
-        on_renewal=lambda r: (renewals.append(r), renew_times.append(time.monotonic())),
+        on_plan=lambda plan: plans.append(time.monotonic()), on_renewal=on_renewal,
     )  # fmt: skip
     link.update((ReportedJob("job-a", frozenset({5000}), 1, 1),), Mode.LOCAL, "")
     silent_tls = TlsFiles(pki / "ca.pem", pki / f"{silent_host}.pem", pki / f"{silent_host}.key")

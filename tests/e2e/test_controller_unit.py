@@ -9,11 +9,11 @@ import subprocess
 import sys
 from pathlib import Path
 
+from tensorlights.testbed.processes import free_port
 from tensorlights.testbed.socket_holder import clean_env
 
 from .controllerproc import TLCTL, make_pki
 from .notify import NotifyReceiver
-from .test_controller_api import free_port
 
 UNIT = Path(__file__).parents[2] / "systemd" / "tensorlights-controller.service"
 INSTALLED = "/opt/tensorlights/venv/bin/tensorlights-controller"

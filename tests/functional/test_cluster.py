@@ -10,7 +10,8 @@ import time
 import pytest
 
 from tensorlights.testbed import netns
-from tensorlights.testbed.cluster import cluster, cluster_namespaces
+from tensorlights.testbed.cluster import cluster
+from tensorlights.testbed.netns import leftover_namespaces as cluster_namespaces
 from tensorlights.testbed.socket_holder import start_holder
 
 pytestmark = pytest.mark.root

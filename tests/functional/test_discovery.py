@@ -23,17 +23,9 @@ from tensorlights.discovery.scanner import YOUNG_PS_S
 from tensorlights.discovery.trust import TRUST_ANY
 from tensorlights.model import DiscoverySnapshot, PsTask
 from tensorlights.testbed import netns
+from tensorlights.testbed.socket_holder import Holder, start_holder
 
-from .holders import (
-    Holder,
-    holders,
-    in_cgroup,
-    new_scanner,
-    own_cgroup,
-    scan_until,
-    start_holder,
-    tf_config,
-)
+from .holders import holders, in_cgroup, new_scanner, own_cgroup, scan_until, tf_config
 
 
 @pytest.fixture(params=["polling", "events"])

@@ -168,11 +168,14 @@ def test_rotation_under_load_keeps_connections_and_drops_nothing(
     pair: netns.HostPair, datapath: HtbDatapath
 ) -> None:
     ports = [5001, 5002, 5003]
-    spec_of = lambda green: DatapathSpec(  # noqa: E731
-        "veth-a",
-        RATE,
-        tuple(JobShaping(f"job-{p}", 0 if p == green else 1, frozenset({p})) for p in ports),
-    )
+
+    def spec_of(green: int) -> DatapathSpec:
+        return DatapathSpec(
+            "veth-a",
+            RATE,
+            tuple(JobShaping(f"job-{p}", 0 if p == green else 1, frozenset({p})) for p in ports),
+        )
+
     server = start_server(pair, ports)
     try:
         datapath.apply(spec_of(5001))

@@ -125,7 +125,12 @@ def test_scans_with_events_find_a_new_ps_and_its_exit_without_listing_proc() -> 
             snapshot = scan_until(scan, found)
             assert found(snapshot)
         # The holder is stopped: its exit event drops it.
-        snapshot = scan_until(scan, lambda s: not (watching.pump() or s.tasks), deadline_s=10)
+
+        def dropped(snapshot: DiscoverySnapshot) -> bool:
+            watching.pump()
+            return not snapshot.tasks
+
+        snapshot = scan_until(scan, dropped, deadline_s=10)
         assert ps.pid not in {task.pid for task in snapshot.tasks}
         assert procfs.listings == listed  # every change came from events
 
@@ -194,7 +199,12 @@ def test_new_rules_judge_every_process_again_not_only_those_events_name() -> Non
     lists /proc again, or processes that started before would never be seen again."""
     with watcher() as watching, holders() as start, new_scanner(events=watching) as scan:
         ps = start(PS)
-        scan_until(scan, lambda s: not watching.pump() and ps.pid in {t.pid for t in s.tasks})
+
+        def listed(snapshot: DiscoverySnapshot) -> bool:
+            watching.pump()
+            return ps.pid in {task.pid for task in snapshot.tasks}
+
+        scan_until(scan, listed)
         scan.scan()  # takes what the last pump read: no event names the PS any more
         scan.set_rules(scan.rules)
         assert ps.pid in {task.pid for task in scan.scan().tasks}

@@ -29,6 +29,7 @@ def test_tcp_info_counts_the_bytes_the_peer_acknowledged() -> None:
                     if info.unacked == 0:
                         break
                     deadline -= 1
+                assert info is not None
                 assert info.bytes_acked == len(payload)
                 assert info.bytes_sent >= len(payload) and info.notsent_bytes == 0
                 # Retransmissions are counted apart: all acknowledged, nothing outstanding.

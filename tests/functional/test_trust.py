@@ -15,8 +15,9 @@ import pytest
 from tensorlights.discovery.rules import DiscoveryRules
 from tensorlights.discovery.trust import Trust, TrustMode
 from tensorlights.model import DiscoverySnapshot
+from tensorlights.testbed.socket_holder import Holder
 
-from .holders import Holder, holders, in_cgroup, new_scanner, own_cgroup, scan_until, tf_config
+from .holders import holders, in_cgroup, new_scanner, own_cgroup, scan_until, tf_config
 
 NOBODY = 65534
 SYSTEM_PYTHON = "/usr/bin/python3"

@@ -135,13 +135,13 @@ def test_churn_and_restarts_leave_nothing_growing(tmp_path: Path) -> None:
     # After the last restart (the controller's), both processes ran the last third unbroken.
     last_third = [s for s in samples if "jobs" in s and s["at"] > seconds * 2 / 3 + 10]
     assert len(last_third) >= 5, "the run is too short to judge growth"
-    first, last = last_third[0], last_third[-1]
+    earliest, latest = last_third[0], last_third[-1]
     print(f"\nsoak: {seconds:.0f} s, {len(samples)} samples; first vs last of the last third:")
     for key in ("agent_rss", "agent_fds", "controller_rss", "controller_fds"):
-        print(f"  {key:15} {first[key]:8.1f} -> {last[key]:8.1f}")
+        print(f"  {key:15} {earliest[key]:8.1f} -> {latest[key]:8.1f}")
     print(f"  tc, nft objects with no jobs: {baseline} before, {final} after ({settled_s:.1f} s)")
     assert final == baseline, f"filters before:\n{shown[0]}\nafter:\n{shown[-1]}"
-    assert last["agent_fds"] <= first["agent_fds"] + 4
-    assert last["controller_fds"] <= first["controller_fds"] + 4
-    assert last["agent_rss"] <= first["agent_rss"] * 1.10 + 2
-    assert last["controller_rss"] <= first["controller_rss"] * 1.10 + 2
+    assert latest["agent_fds"] <= earliest["agent_fds"] + 4
+    assert latest["controller_fds"] <= earliest["controller_fds"] + 4
+    assert latest["agent_rss"] <= earliest["agent_rss"] * 1.10 + 2
+    assert latest["controller_rss"] <= earliest["controller_rss"] * 1.10 + 2

@@ -101,7 +101,7 @@ def test_any_membership_sequence_gives_a_consistent_plan(steps: list[frozenset[s
         assert set(plan.bands) == set(jobs) == set(plan.order)
         assert (plan.green is None) == (not jobs)
         if jobs:
-            assert plan.order[0] == plan.green and plan.bands[plan.green] == 0  # type: ignore[index]
+            assert plan.order[0] == plan.green and plan.bands[plan.green] == 0
 
 
 def test_pack_orders_spanning_jobs_appearing_together_by_name_apart_by_arrival() -> None:

@@ -13,10 +13,10 @@ from prometheus_client import CollectorRegistry
 from tensorlights.controller.config import build_config
 from tensorlights.controller.core import Controller, NotLeader
 from tensorlights.controller.metrics import ControllerMetrics
-from tensorlights.controller.planner import Planner
+from tensorlights.controller.planner import ClusterPolicy, Planner
 from tensorlights.controller.registry import Registry, UnknownSession
 from tensorlights.errors import ConfigError
-from tensorlights.model import HostReport, Registration, ReportedJob
+from tensorlights.model import HostReport, Mode, Registration, ReportedJob
 
 
 def _tls(tmp_path: Path) -> dict[str, str]:
@@ -55,11 +55,11 @@ def test_a_follower_refuses_agents_and_a_new_term_starts_from_nothing() -> None:
     async def scenario() -> None:
         registry = CollectorRegistry()
         metrics = ControllerMetrics(registry)
-        controller = Controller(Registry(), Planner(3.0, 15.0, 1, "pack"), metrics, 1.0)
+        controller = Controller(Registry(), Planner(3.0, 15.0, 1, ClusterPolicy.PACK), metrics, 1.0)
         registration = Registration("h1", 10, "t", (("eth0", 10**9),), "pack")
         record = controller.register(registration)  # one replica alone: it leads
         job = ReportedJob("j", frozenset({1}), 1, 1)
-        controller.report(HostReport(record.session, 1, (job,), (), "plan", ""))
+        controller.report(HostReport(record.session, 1, (job,), (), Mode.PLAN, ""))
         stream = controller.stream_opened(record)
 
         controller.follow("c2:9740")
@@ -69,13 +69,13 @@ def test_a_follower_refuses_agents_and_a_new_term_starts_from_nothing() -> None:
             controller.register(registration)
         assert refused.value.leader == "c2:9740"
         with pytest.raises(UnknownSession):
-            controller.report(HostReport(record.session, 2, (job,), (), "plan", ""))
+            controller.report(HostReport(record.session, 2, (job,), (), Mode.PLAN, ""))
         assert registry.get_sample_value("tensorlights_controller_leader") == 0
         controller.follow(None)
         with pytest.raises(NotLeader, match="no leader is elected"):
             controller.register(registration)
 
-        controller.lead(Planner(3.0, 15.0, 7, "pack"), "c1:9740")
+        controller.lead(Planner(3.0, 15.0, 7, ClusterPolicy.PACK), "c1:9740")
         again = controller.register(registration)
         assert again.session != record.session
         assert controller.planner.incarnation == 7

@@ -11,7 +11,7 @@ import pytest
 from tensorlights.controller.config import build_config
 from tensorlights.controller.core import plan_update
 from tensorlights.controller.kubernetes import parse_pod_list
-from tensorlights.controller.planner import Planner
+from tensorlights.controller.planner import ClusterPolicy, Planner
 from tensorlights.controller.registry import (
     PodPlacement,
     Registry,
@@ -45,7 +45,7 @@ def reg(host: str, incarnation: int = 10) -> Registration:
 
 def rep(session: str, seq: int, *jobs: str) -> HostReport:
     reported = tuple(ReportedJob(j, frozenset({1000 + i}), 1, 1) for i, j in enumerate(jobs))
-    return HostReport(session, seq, reported, (), "plan", "")
+    return HostReport(session, seq, reported, (), Mode.PLAN, "")
 
 
 def test_sessions_replays_and_reconnects() -> None:
@@ -123,13 +123,13 @@ def test_pack_planner_gives_every_host_one_cluster_wide_order_by_demand() -> Non
             ReportedJob(j, frozenset({1000 + i}), 1, 1, demand=d)
             for i, (j, d) in enumerate(sorted(demands.items()))
         )
-        registry.report(HostReport(sessions[host], seq, jobs, (), "plan", ""), now=1)
+        registry.report(HostReport(sessions[host], seq, jobs, (), Mode.PLAN, ""), now=1)
 
     # x spans a and b; y only on a, z only on b. Nothing measured yet: a job on fewer hosts
     # takes fewer links, so y and z go before x, who came first.
     report("a", 1, {"x": None, "y": None})
     report("b", 1, {"x": None, "z": None})
-    planner = Planner(slot_s=2.0, lease_s=10.0, incarnation=1, policy="pack")
+    planner = Planner(slot_s=2.0, lease_s=10.0, incarnation=1, policy=ClusterPolicy.PACK)
 
     def update(iterative: set[str] = set()) -> set[str]:  # noqa: B006 (read only)
         return planner.update(
@@ -172,14 +172,14 @@ def test_pack_planner_keeps_an_iterating_job_in_place_until_its_demand_is_truste
     every measured job and coming back once measured (the light moving twice)."""
     registry = Registry()
     session = registry.register(reg("h"), now=0).session
-    planner = Planner(slot_s=2.0, lease_s=10.0, incarnation=1, policy="pack")
+    planner = Planner(slot_s=2.0, lease_s=10.0, incarnation=1, policy=ClusterPolicy.PACK)
 
     def report(seq: int, jobs: dict[str, tuple[float | None, float | None]]) -> None:
         reported = tuple(
             ReportedJob(j, frozenset({1000 + i}), 1, 1, period_s=p, demand=d)
             for i, (j, (p, d)) in enumerate(sorted(jobs.items()))
         )
-        registry.report(HostReport(session, seq, reported, (), "plan", ""), now=1)
+        registry.report(HostReport(session, seq, reported, (), Mode.PLAN, ""), now=1)
 
     def order() -> tuple[str, ...]:
         planner.update(
@@ -394,8 +394,8 @@ def test_a_restarted_controller_places_jobs_it_never_placed_fewest_hosts_first()
             ReportedJob("x", frozenset({1000}), 1, 1, period_s=0.3),
             ReportedJob(single, frozenset({1001}), 1, 1, period_s=0.3, demand=0.7),
         )
-        registry.report(HostReport(sessions[host], 1, jobs, (), "plan", ""), now=1)
-    planner = Planner(slot_s=2.0, lease_s=10.0, incarnation=2, policy="pack")
+        registry.report(HostReport(sessions[host], 1, jobs, (), Mode.PLAN, ""), now=1)
+    planner = Planner(slot_s=2.0, lease_s=10.0, incarnation=2, policy=ClusterPolicy.PACK)
     planner.update(
         registry.membership(), set(registry.hosts), registry.demands(),
         registry.arrival_order(), None, registry.iterative(),
@@ -411,7 +411,7 @@ def test_a_restarted_controller_learning_hosts_one_report_at_a_time_keeps_them_a
     it and holds it unmeasured; z, measured on b, reported a moment later, is not appended
     behind x (seen in m2: x green on b for 8 s until it was measured there)."""
     registry = Registry()
-    planner = Planner(slot_s=2.0, lease_s=10.0, incarnation=2, policy="pack")
+    planner = Planner(slot_s=2.0, lease_s=10.0, incarnation=2, policy=ClusterPolicy.PACK)
 
     def replan() -> None:
         planner.update(
@@ -426,7 +426,7 @@ def test_a_restarted_controller_learning_hosts_one_report_at_a_time_keeps_them_a
             ReportedJob("x", frozenset({1000}), 1, 1, period_s=0.3),
             ReportedJob(single, frozenset({1001}), 1, 1, period_s=0.3, demand=0.7),
         )
-        registry.report(HostReport(session, 1, jobs, (), "plan", ""), now=now + 0.5)
+        registry.report(HostReport(session, 1, jobs, (), Mode.PLAN, ""), now=now + 0.5)
         replan()
         assert planner.plan_for(host).slots == ((single, "x"),)
     assert planner.plan_for("a").slots == (("y", "x"),)
@@ -439,7 +439,7 @@ def test_the_controller_gives_the_light_to_jobs_no_job_ahead_holds_back() -> Non
     registry = Registry()
     where = {"ps": ("j1", "j3", "j4"), "ps2": ("j1", "j2"), "ps3": ("j2", "j3")}
     sessions = {h: registry.register(reg(h), now=0).session for h in where}
-    planner = Planner(slot_s=2.0, lease_s=10.0, incarnation=1, policy="pack")
+    planner = Planner(slot_s=2.0, lease_s=10.0, incarnation=1, policy=ClusterPolicy.PACK)
 
     def report(seq: int, demand: dict[str, float] | None = None) -> dict[str, tuple[str, ...]]:
         for host, jobs in where.items():
@@ -448,7 +448,7 @@ def test_the_controller_gives_the_light_to_jobs_no_job_ahead_holds_back() -> Non
                             demand=None if demand is None else demand[j])
                 for i, j in enumerate(jobs)
             )  # fmt: skip
-            registry.report(HostReport(sessions[host], seq, reported, (), "plan", ""), now=1)
+            registry.report(HostReport(sessions[host], seq, reported, (), Mode.PLAN, ""), now=1)
         planner.update(
             registry.membership(), set(registry.hosts), registry.demands(),
             ["j1", "j2", "j3", "j4"], None, registry.iterative(),
@@ -470,14 +470,14 @@ def test_a_young_job_keeps_its_place_while_another_host_reports_first() -> None:
     goes behind as bulk traffic."""
     registry = Registry()
     sessions = {h: registry.register(reg(h), now=0).session for h in ("a", "b")}
-    planner = Planner(slot_s=2.0, lease_s=10.0, incarnation=1, policy="pack")
+    planner = Planner(slot_s=2.0, lease_s=10.0, incarnation=1, policy=ClusterPolicy.PACK)
 
     def report(host: str, seq: int, single: str, period: float | None, now: float) -> None:
         jobs = (
             ReportedJob("x", frozenset({1000}), 1, 1, period_s=period),
             ReportedJob(single, frozenset({1001}), 1, 1, period_s=period),
         )
-        registry.report(HostReport(sessions[host], seq, jobs, (), "plan", ""), now=now)
+        registry.report(HostReport(sessions[host], seq, jobs, (), Mode.PLAN, ""), now=now)
 
     def replan(now: float) -> None:
         planner.update(
@@ -500,7 +500,10 @@ def test_a_young_job_keeps_its_place_while_another_host_reports_first() -> None:
     # Without the grace (a planner given no young jobs) z went behind x at a's report.
     ungraced = Registry()
     sessions = {h: ungraced.register(reg(h), now=0).session for h in ("a", "b")}
-    registry, planner = ungraced, Planner(slot_s=2.0, lease_s=10.0, incarnation=1, policy="pack")
+    registry, planner = (
+        ungraced,
+        Planner(slot_s=2.0, lease_s=10.0, incarnation=1, policy=ClusterPolicy.PACK),
+    )
     report("a", 1, "y", None, now=0.0)
     report("b", 1, "z", None, now=0.0)
     planner.update(registry.membership(), set(registry.hosts), {}, registry.arrival_order())
@@ -515,12 +518,12 @@ def test_a_young_job_keeps_its_place_while_another_host_reports_first() -> None:
 def test_a_job_never_seen_iterating_goes_behind_once_past_the_grace() -> None:
     registry = Registry()
     session = registry.register(reg("h"), now=0).session
-    planner = Planner(slot_s=2.0, lease_s=10.0, incarnation=1, policy="pack")
+    planner = Planner(slot_s=2.0, lease_s=10.0, incarnation=1, policy=ClusterPolicy.PACK)
     jobs = (
         ReportedJob("bulk", frozenset({1000}), 1, 1),
         ReportedJob("train", frozenset({1001}), 1, 1, period_s=0.3),
     )
-    registry.report(HostReport(session, 1, (jobs[0],), (), "plan", ""), now=0.0)
+    registry.report(HostReport(session, 1, (jobs[0],), (), Mode.PLAN, ""), now=0.0)
 
     def order(now: float) -> tuple[str, ...]:
         planner.update(
@@ -530,7 +533,7 @@ def test_a_job_never_seen_iterating_goes_behind_once_past_the_grace() -> None:
         return planner.plan_for("h").slots[0]
 
     assert order(0.0) == ("bulk",)
-    registry.report(HostReport(session, 2, jobs, (), "plan", ""), now=1.0)
+    registry.report(HostReport(session, 2, jobs, (), Mode.PLAN, ""), now=1.0)
     assert order(1.0) == ("bulk", "train")  # young: it holds its place
     assert registry.young(10.5) == {"train"}
     assert order(10.5) == ("train", "bulk")
@@ -542,14 +545,14 @@ def test_the_controller_puts_jobs_its_agents_report_starving_first_the_most_behi
     does, and back in their place once no host reports them."""
     registry = Registry()
     sessions = {h: registry.register(reg(h), now=0).session for h in ("a", "b")}
-    planner = Planner(slot_s=2.0, lease_s=10.0, incarnation=1, policy="pack")
+    planner = Planner(slot_s=2.0, lease_s=10.0, incarnation=1, policy=ClusterPolicy.PACK)
 
     def report(host: str, seq: int, jobs: dict[str, tuple[float, float | None]]) -> None:
         reported = tuple(
             ReportedJob(j, frozenset({1000 + i}), 1, 1, period_s=0.3, demand=d, lag_s=lag)
             for i, (j, (d, lag)) in enumerate(sorted(jobs.items()))
         )
-        registry.report(HostReport(sessions[host], seq, reported, (), "plan", ""), now=seq)
+        registry.report(HostReport(sessions[host], seq, reported, (), Mode.PLAN, ""), now=seq)
 
     def orders() -> tuple[tuple[str, ...], tuple[str, ...]]:
         planner.update(
@@ -589,7 +592,7 @@ def test_the_controller_keeps_a_job_waiting_for_its_siblings_where_all_its_hosts
                         waits_for_siblings=waits)
             for i, (j, (lag, waits)) in enumerate(sorted(jobs.items()))
         )  # fmt: skip
-        registry.report(HostReport(sessions[host], seqs[host], reported, (), "plan", ""), 1.0)
+        registry.report(HostReport(sessions[host], seqs[host], reported, (), Mode.PLAN, ""), 1.0)
 
     report("a", {"x": (None, False), "y": (30.0, True)})
     report("b", {"x": (None, False), "y": (25.0, True)})
@@ -617,7 +620,7 @@ def test_the_controller_orders_equal_jobs_by_the_remaining_work_their_agents_rep
     registry = Registry()
     sessions = {h: registry.register(reg(h), now=0).session for h in ("a", "b")}
     seqs = dict.fromkeys(sessions, 0)
-    planner = Planner(slot_s=2.0, lease_s=10.0, incarnation=1, policy="pack")
+    planner = Planner(slot_s=2.0, lease_s=10.0, incarnation=1, policy=ClusterPolicy.PACK)
 
     def report(host: str, jobs: dict[str, float | None]) -> None:
         seqs[host] += 1
@@ -625,7 +628,7 @@ def test_the_controller_orders_equal_jobs_by_the_remaining_work_their_agents_rep
             ReportedJob(j, frozenset({1000 + i}), 1, 1, period_s=0.3, demand=0.5, remaining_s=r)
             for i, (j, r) in enumerate(sorted(jobs.items()))
         )
-        registry.report(HostReport(sessions[host], seqs[host], reported, (), "plan", ""), 1.0)
+        registry.report(HostReport(sessions[host], seqs[host], reported, (), Mode.PLAN, ""), 1.0)
 
     def order() -> tuple[str, ...]:
         plan_update(registry, planner, now=20.0)

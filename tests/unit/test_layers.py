@@ -58,7 +58,7 @@ def _name(path: Path) -> str:
 @cache
 def _imports(path: Path) -> tuple[str, ...]:
     """Absolute names of everything the module imports, wherever the statement is."""
-    names = []
+    names: list[str] = []
     package = ["tensorlights", *_name(path).split(".")]
     if path.name != "__init__.py":
         package = package[:-1]

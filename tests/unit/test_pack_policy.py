@@ -276,9 +276,10 @@ def test_order_holds_young_unmeasured_jobs_in_place_and_keeps_the_order_in_force
     assert pack_order(["b", "a"], {"b": 0.5}, {}, holding=frozenset({"a"})) == ["b", "a"]
     # Measured jobs still sort by demand; the held one stays behind those that were ahead
     # of it, and ahead of those that were behind it (unless they move up past it).
-    order = pack_order(["big", "new", "small"], {"big": 0.6, "small": 0.2}, {}, None, {"new"})
+    new = frozenset({"new"})
+    order = pack_order(["big", "new", "small"], {"big": 0.6, "small": 0.2}, {}, None, new)
     assert order == ["small", "big", "new"]
-    order = pack_order(["small", "new", "big"], {"big": 0.6, "small": 0.2}, {}, None, {"new"})
+    order = pack_order(["small", "new", "big"], {"big": 0.6, "small": 0.2}, {}, None, new)
     assert order == ["small", "new", "big"]
     held = frozenset({"x", "y"})
     order = pack_order(["x", "m", "y", "s"], {"m": 0.6, "s": 0.2}, {}, None, held)

@@ -4,6 +4,7 @@ calibration against the benchmark's committed results."""
 from __future__ import annotations
 
 import math
+from collections.abc import Callable
 from pathlib import Path
 
 import pytest
@@ -276,8 +277,15 @@ def test_the_prototype_rotates_per_host_with_its_phase() -> None:
     driver = PrototypeRR({"ps": ["j1", "j2"]}, period_s=20.0, phases={"ps": 5.0})
     sim = Simulation({"ps": RATE}, jobs, driver)
     seen: dict[float, dict[str, int]] = {}
+
+    def look(when: float) -> Callable[[], None]:
+        def record() -> None:
+            seen[when] = dict(sim.links["ps"].bands)
+
+        return record
+
     for when in (10.0, 24.0, 26.0, 46.0):
-        sim.at(when, lambda when=when: seen.setdefault(when, dict(sim.links["ps"].bands)))  # type: ignore[misc]
+        sim.at(when, look(when))
     sim.run(until_s=50.0)
     assert seen[10.0] == seen[24.0] == {"j1": 0, "j2": 1}
     assert seen[26.0] == {"j1": 1, "j2": 0}
