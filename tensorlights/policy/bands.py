@@ -26,7 +26,7 @@ ends, unless its job finished, in which case the next job in the order takes it 
 
 from __future__ import annotations
 
-from collections.abc import Mapping
+from collections.abc import Mapping, Sequence
 from dataclasses import dataclass, field
 from enum import StrEnum
 
@@ -38,6 +38,7 @@ from tensorlights.policy.packing import (
     OnTop,
     SiblingRuns,
     StarvationGuard,
+    measured_beside,
     ordering_demands,
     pack_order,
 )
@@ -255,8 +256,9 @@ class BandPolicy:
             self._reorder_wanted_since = None
         self._packed = current
         self._set_green(current[0], now)
+        bands = dict(zip(current, fold_bands(len(current), self.ps_bands), strict=True))
         return BandPlan(
-            bands=dict(zip(current, fold_bands(len(current), self.ps_bands), strict=True)),
+            bands=self.beside_measured(now, current, bands, loads),
             order=tuple(current),
             green=self._green,
             green_since=self._green_since,
@@ -299,6 +301,19 @@ class BandPolicy:
         self.declared = dict(declared or {})
         lengths = self.siblings.update(now, jobs, loads, self.declared)
         self._guard.update(now, loads, jobs, started, lengths, green, alone, spanning)
+
+    def beside_measured(
+        self,
+        now: float,
+        order: Sequence[str],
+        bands: Mapping[str, int],
+        loads: Mapping[str, JobLoad],
+    ) -> dict[str, int]:
+        """`bands` (of `order`, the green job first) with the young jobs not measured yet
+        that declared a short run beside the last measured job ahead (measured_beside), as
+        of the last evaluation or watch."""
+        young = self._guard.young(now, MEASURE_GRACE_S, set(order))
+        return measured_beside(order, bands, loads, young, self.declared)
 
     @property
     def waits_for_siblings(self) -> frozenset[str]:

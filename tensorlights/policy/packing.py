@@ -19,40 +19,45 @@ starts and ends. From them:
   demand     link_s / (link_s + compute_s): the share of the link the job uses running at
              its standalone speed.
 
-Order (green first): starving jobs first (see below), then jobs by measured demand,
-smallest first -- with equal iterations that is shortest-job-first, and a prefix of the
-order whose demands sum to <= 1 fits on the link together: under strict priority the lower
-one's pushes slide into the upper one's compute gaps and both run at their standalone
-speed (a shared FIFO band would instead keep their pushes locked in phase, each stretching
-the other) -- then jobs not measured yet. Demands within x1.3 of a group's smallest count
-as equal, so measurement noise does not reorder equal jobs; within a group, remaining work
-decides where it is known (the controller passes Slurm time limits: the soonest to end
-first; where every job of the group declared its iterations, the least remaining standalone
-time first, REMAINING_BUCKET), the order in force otherwise, and under the controller a job
-no job ahead holds back on any of its hosts goes first (free_first). A waiting job that
-declared its iterations and pushes the green job's bytes (a trial of the same model: a
-sweep's trials launched longest first) joins the green job's group before its own demand
-can be believed, so its length can put it first: without that, the short trial waited in a
-lower band for the long one to end, as under TL-One (the benchmark's g and r5). A job's
-demand orders it once it
-rests on MEASURED_AFTER iterations measured on top (green): below another job, real
-frameworks' idle before their pushes reads 2-5x their compute (TensorFlow's even where its
-pushes look unhindered), their demands read low, and `pack` put a waiting job ahead of the
-equal one on top, midway through it. A waiting job is ordered by its demand before that only
-when it pushes clearly fewer bytes than the job on top (DEMAND_BUCKET): a smaller job for
-sure, whatever its compute, and known once SMALLER_AFTER of its pushes are measured -- a PS
-job only: a waiting ring job's bytes per iteration read low too (JobLoad.bytes_hold_waiting),
-and the controller moved the light to such a job 2-16 s into the job on top in 5 of 6 runs
-of three equal DDP jobs. A job not measured yet keeps its place while it is young
-(MEASURE_GRACE_S from its first push, or not pushing yet): measuring it takes a few
-iterations, and moving it meanwhile made the light flip twice at a run's start (behind a job
-measured first, then ahead again). A job that has not pushed yet held no place before:
-whichever job a host saw push first went ahead, so hosts deciding alone each put a different
-job of c1's two green (DDP's rendezvous and first broadcast reach each rank's host at a
-different time). Keeping its place, it stays behind the measured jobs that were ahead of it:
-held to its slot instead, a job measured below it that moved up pushed them behind it (r3 on
-an H200 host: the 1 MB job moved to the top past the 3 MB job, and the 6 MB one, never on
-top and so never ordered, took the 3 MB job's place and kept it to the end).
+Order (green first): starving jobs first (see below), then jobs by measured demand, smallest
+first -- with equal iterations that is shortest-job-first, and a prefix of the order whose
+demands sum to <= 1 fits on the link together: under strict priority the lower one's pushes
+slide into the upper one's compute gaps and both run at their standalone speed (a shared
+FIFO band would instead keep their pushes locked in phase, each stretching the other) --
+then jobs not measured yet. Demands within x1.3 of a group's smallest count as equal, so
+measurement noise does not reorder equal jobs; within a group, remaining work decides where
+it is known (the controller passes Slurm time limits: the soonest to end first; where every
+job of the group declared its iterations, the least remaining standalone time first,
+REMAINING_BUCKET), the order in force otherwise, and under the controller a job no job ahead
+holds back on any of its hosts goes first (free_first). A waiting job that declared its
+iterations and pushes the green job's bytes (a trial of the same model: a sweep's trials
+launched longest first) joins the green job's group before its own demand can be believed,
+so its length can put it first: without that, the short trial waited in a lower band for the
+long one to end, as under TL-One (the benchmark's g and r5). And until such a trial is
+measured, while it is young, it sends in the band of the last measured job ahead of it other
+than the green one, where it declared clearly fewer iterations than the green job has left
+(measured_beside): below two jobs that fill the link (g), it completed its first iteration
+only ~8 s in and its length came too late; beside the second job, its pushes interleave with
+that job's. Its place in the order stays, and the green job's band is its own. A job's
+demand orders it once it rests on MEASURED_AFTER iterations measured on top (green): below
+another job, real frameworks' idle before their pushes reads 2-5x their compute
+(TensorFlow's even where its pushes look unhindered), their demands read low, and `pack` put
+a waiting job ahead of the equal one on top, midway through it. A waiting job is ordered by
+its demand before that only when it pushes clearly fewer bytes than the job on top
+(DEMAND_BUCKET): a smaller job for sure, whatever its compute, and known once SMALLER_AFTER
+of its pushes are measured -- a PS job only: a waiting ring job's bytes per iteration read
+low too (JobLoad.bytes_hold_waiting), and the controller moved the light to such a job 2-16
+s into the job on top in 5 of 6 runs of three equal DDP jobs. A job not measured yet keeps
+its place while it is young (MEASURE_GRACE_S from its first push, or not pushing yet):
+measuring it takes a few iterations, and moving it meanwhile made the light flip twice at a
+run's start (behind a job measured first, then ahead again). A job that has not pushed yet
+held no place before: whichever job a host saw push first went ahead, so hosts deciding
+alone each put a different job of c1's two green (DDP's rendezvous and first broadcast reach
+each rank's host at a different time). Keeping its place, it stays behind the measured jobs
+that were ahead of it: held to its slot instead, a job measured below it that moved up
+pushed them behind it (r3 on an H200 host: the 1 MB job moved to the top past the 3 MB job,
+and the 6 MB one, never on top and so never ordered, took the 3 MB job's place and kept it
+to the end).
 
 Starvation bound (StarvationGuard): a job whose time lost to waiting over its life so far
 (at least `window_s`, at most the last HORIZON_WINDOWS windows) approaches what
@@ -1039,3 +1044,35 @@ def fits_together(order: Sequence[str], demands: Mapping[str, float]) -> list[st
         group.append(job)
         total += demand
     return group
+
+
+def measured_beside(
+    order: Sequence[str],
+    bands: Mapping[str, int],
+    loads: Mapping[str, JobLoad],
+    young: Collection[str],
+    declared: Mapping[str, int],
+) -> dict[str, int]:
+    """`bands`, with each young job not measured yet that declared clearly fewer iterations
+    than the green one (`order[0]`, measured and declaring) has left (REMAINING_BUCKET) in
+    the band of the last measured job ahead of it, the green one aside: its first
+    iterations interleave with that job's pushes instead of waiting below them, and once
+    measured its length can put it first (module doc). Its place in the order stays."""
+    shared = dict(bands)
+    top = order[0] if order else None
+    top_load = loads.get(top) if top is not None else None
+    if top is None or top not in declared or top_load is None:
+        return shared
+    top_left = declared[top] - top_load.iterations
+    beside: int | None = None
+    for job in order[1:]:
+        if job in loads:
+            beside = bands[job]
+        elif (
+            beside is not None
+            and job in young
+            and job in declared
+            and declared[job] * REMAINING_BUCKET < top_left
+        ):
+            shared[job] = beside
+    return shared

@@ -11,7 +11,7 @@ from hypothesis import given, settings
 from hypothesis import strategies as st
 
 from tensorlights.errors import ConfigError
-from tensorlights.policy.bands import MAX_DEFER_S, BandPolicy, PolicyName
+from tensorlights.policy.bands import MAX_DEFER_S, BandPlan, BandPolicy, PolicyName, fold_bands
 from tensorlights.policy.packing import (
     HORIZON_WINDOWS,
     IDLE_AFTER_S,
@@ -27,6 +27,7 @@ from tensorlights.policy.packing import (
     fits_together,
     free_first,
     job_load,
+    measured_beside,
     ordering_demands,
     pack_order,
     unhindered,
@@ -197,6 +198,55 @@ def test_a_waiting_trial_of_the_same_model_is_ordered_by_its_declared_length() -
     policy.evaluate(0.0, {"a", "b"}, {})
     same = {"a": 25, "b": 25}
     assert policy.evaluate(2.0, {"a", "b"}, waiting, declared=same).order == ("a", "b")
+
+
+def test_a_short_trial_not_measured_yet_shares_the_band_of_the_last_measured_job_ahead() -> None:
+    # A sweep's trials of one model: a and b measured, filling the link together; c
+    # arrives, declaring fewer iterations than a, green, has left. Below both it would
+    # complete no iteration to be ordered by; beside b its pushes interleave with b's.
+    declared = {"a": 25, "b": 50, "c": 10}
+    trials = {"a", "b", "c"}
+    measured = {"a": load(0.2, 0.25, MEASURED_AFTER), "b": load(0.2, 0.25, 2)}
+
+    def plan_at(now: float, told: dict[str, int], loads: dict[str, JobLoad]) -> BandPlan:
+        policy = _pack()
+        policy.evaluate(0.0, trials, {}, started={"a": 0.0, "b": 0.0, "c": 1.0})
+        return policy.evaluate(now, trials, loads, declared=told)
+
+    plan = plan_at(2.0, declared, measured)
+    assert plan.order == ("a", "b", "c")  # its place stays: it displaces nobody
+    assert plan.bands == {"a": 0, "b": 1, "c": 1}
+    # Its own band: past the grace (still no iteration: not iterative), ...
+    assert plan_at(1.0 + MEASURE_GRACE_S, declared, measured).bands["c"] == 2
+    # ... without a length that could put it ahead of the green job (equal lengths: the
+    # green one has the least left; or none declared), ...
+    for told in ({"a": 25, "b": 50, "c": 25}, {"a": 25, "b": 50}, {"b": 50, "c": 10}):
+        assert plan_at(2.0, told, measured).bands["c"] == 2
+    # ... or with no measured job ahead but the green one, whose band is its own.
+    assert plan_at(2.0, declared, {"a": measured["a"]}).bands == {"a": 0, "b": 1, "c": 2}
+    # Measured, it is ordered: by its length, ahead of the green job (same bytes).
+    ordered = plan_at(2.0, declared, measured | {"c": load(0.2, 0.6, 1)})
+    assert ordered.order[0] == "c" and sorted(ordered.bands.values()) == [0, 1, 2]
+
+
+@given(
+    st.permutations("abcdef"),
+    st.sets(st.sampled_from("abcdef")),
+    st.dictionaries(st.sampled_from("abcdef"), st.integers(1, 100)),
+)
+def test_a_job_is_moved_only_beside_a_measured_job_ahead_and_never_into_the_green_band(
+    order: list[str], measured: set[str], declared: dict[str, int]
+) -> None:
+    bands = dict(zip(order, fold_bands(len(order), 3), strict=True))
+    loads = {job: load(0.2, 0.25, 3) for job in measured}
+    shared = measured_beside(order, bands, loads, set(order), declared)
+    assert shared.keys() == bands.keys() and shared[order[0]] == bands[order[0]]
+    for position, job in enumerate(order[1:], start=1):
+        if shared[job] != bands[job]:
+            assert job not in measured and job in declared and order[0] in declared
+            assert shared[job] != bands[order[0]]
+            ahead = [j for j in order[1:position] if j in measured]
+            assert ahead and shared[job] == bands[ahead[-1]]
 
 
 M3_HOSTS = {

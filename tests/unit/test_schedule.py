@@ -221,3 +221,18 @@ def test_a_follower_reports_the_remaining_work_of_the_jobs_that_declared_their_l
     # Nothing declared, nothing reported.
     follower.evaluate(float(done + 1), {"a", "b"}, waiting)
     assert follower.remaining() == {}
+
+
+def test_a_follower_sends_a_short_trial_not_measured_yet_beside_the_measured_job_ahead() -> None:
+    """Under a plan too, a young trial not measured yet that declared fewer iterations than
+    the green job has left sends in the band of the last measured job ahead of it (the
+    green one aside), keeping its place in the plan's order (packing.measured_beside)."""
+    follower = PlanFollower(BandPolicy(PolicyName.PACK))
+    follower.offer(HostSchedule(1, 1, 0.0, 1000.0, (("a", "b", "c"),), lease_until=1000.0))
+    trials = {"a", "b", "c"}
+    started = {"a": 0.0, "b": 0.0, "c": 1.0}
+    loads = {"a": JobLoad(0.2, 0.25, 3, busy=False), "b": JobLoad(0.2, 0.25, 2, busy=False)}
+    plan = follower.evaluate(2.0, trials, loads, started, declared={"a": 25, "b": 50, "c": 10})
+    assert plan.order == ("a", "b", "c") and plan.bands == {"a": 0, "b": 1, "c": 1}
+    plan = follower.evaluate(3.0, trials, loads, started, declared={"a": 25, "b": 50, "c": 25})
+    assert plan.bands == {"a": 0, "b": 1, "c": 2}
