@@ -155,6 +155,7 @@ def _pack(view: PackView, loads: Mapping[str, JobLoad]) -> dict[str, Any]:
         "idle": sorted(view.idle),
         "waits_for_siblings": sorted(view.waits_for_siblings),
         "iterations_inferred": dict(view.iterations_inferred),
+        "measured_beside": sorted(view.measured_beside),
         "loads": {
             job: {
                 "demand": load.demand,

@@ -128,6 +128,9 @@ class PackView:
     idle: frozenset[str] = frozenset()
     """Measured jobs that stopped pushing and iterating (their run over while their
     processes stay, or paused): never promoted (packing.StarvationGuard.idle)."""
+    measured_beside: frozenset[str] = frozenset()
+    """Young jobs not measured yet sent in the band of the last measured job ahead of them:
+    they declared fewer iterations than the green job has left (packing.measured_beside)."""
 
 
 @dataclass
@@ -148,6 +151,8 @@ class BandPolicy:
     _reorder_wanted_since: float | None = field(default=None, init=False)
     _remaining: dict[str, float] = field(default_factory=dict, init=False)
     """As of the last evaluation (or watch): PackView.remaining_s."""
+    _beside: frozenset[str] = field(default=frozenset(), init=False)
+    """As of the last bands set: PackView.measured_beside."""
     declared: dict[str, int] = field(default_factory=dict, init=False)
     """The jobs' declared iterations as of the last evaluation (or watch), pack only."""
     _guard: StarvationGuard = field(init=False)
@@ -313,7 +318,9 @@ class BandPolicy:
         that declared a short run beside the last measured job ahead (measured_beside), as
         of the last evaluation or watch."""
         young = self._guard.young(now, MEASURE_GRACE_S, set(order))
-        return measured_beside(order, bands, loads, young, self.declared)
+        shared = measured_beside(order, bands, loads, young, self.declared)
+        self._beside = frozenset(job for job, band in shared.items() if band != bands[job])
+        return shared
 
     @property
     def waits_for_siblings(self) -> frozenset[str]:
@@ -349,6 +356,7 @@ class BandPolicy:
             waits_for_siblings=self._guard.waits_for_siblings,
             idle=self._guard.idle,
             iterations_inferred=dict(self.siblings.inferred),
+            measured_beside=self._beside,
         )
 
     def _track(self, jobs: set[str] | frozenset[str], now: float) -> None:

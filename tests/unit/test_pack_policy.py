@@ -208,7 +208,10 @@ def test_a_short_trial_not_measured_yet_shares_the_band_of_the_last_measured_job
     trials = {"a", "b", "c"}
     measured = {"a": load(0.2, 0.25, MEASURED_AFTER), "b": load(0.2, 0.25, 2)}
 
+    policy = _pack()
+
     def plan_at(now: float, told: dict[str, int], loads: dict[str, JobLoad]) -> BandPlan:
+        nonlocal policy
         policy = _pack()
         policy.evaluate(0.0, trials, {}, started={"a": 0.0, "b": 0.0, "c": 1.0})
         return policy.evaluate(now, trials, loads, declared=told)
@@ -216,6 +219,7 @@ def test_a_short_trial_not_measured_yet_shares_the_band_of_the_last_measured_job
     plan = plan_at(2.0, declared, measured)
     assert plan.order == ("a", "b", "c")  # its place stays: it displaces nobody
     assert plan.bands == {"a": 0, "b": 1, "c": 1}
+    assert policy.pack_view().measured_beside == {"c"}  # status --json says so
     # Its own band: past the grace (still no iteration: not iterative), ...
     assert plan_at(1.0 + MEASURE_GRACE_S, declared, measured).bands["c"] == 2
     # ... without a length that could put it ahead of the green job (equal lengths: the
@@ -227,6 +231,7 @@ def test_a_short_trial_not_measured_yet_shares_the_band_of_the_last_measured_job
     # Measured, it is ordered: by its length, ahead of the green job (same bytes).
     ordered = plan_at(2.0, declared, measured | {"c": load(0.2, 0.6, 1)})
     assert ordered.order[0] == "c" and sorted(ordered.bands.values()) == [0, 1, 2]
+    assert policy.pack_view().measured_beside == frozenset()
 
 
 @given(
