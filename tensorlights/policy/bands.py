@@ -26,7 +26,7 @@ ends, unless its job finished, in which case the next job in the order takes it 
 
 from __future__ import annotations
 
-from collections.abc import Mapping, Sequence
+from collections.abc import Collection, Mapping, Sequence
 from dataclasses import dataclass, field
 from enum import StrEnum
 
@@ -263,7 +263,7 @@ class BandPolicy:
         self._set_green(current[0], now)
         bands = dict(zip(current, fold_bands(len(current), self.ps_bands), strict=True))
         return BandPlan(
-            bands=self.beside_measured(now, current, bands, loads),
+            bands=self.beside_measured(now, current, bands, loads, frozenset(demands)),
             order=tuple(current),
             green=self._green,
             green_since=self._green_since,
@@ -313,12 +313,13 @@ class BandPolicy:
         order: Sequence[str],
         bands: Mapping[str, int],
         loads: Mapping[str, JobLoad],
+        ordered: Collection[str],
     ) -> dict[str, int]:
-        """`bands` (of `order`, the green job first) with the young jobs not measured yet
-        that declared a short run beside the last measured job ahead (measured_beside), as
-        of the last evaluation or watch."""
+        """`bands` (of `order`, the green job first) with the young jobs not ordered yet
+        (`ordered`: the jobs whose demands order them) that declared a short run beside the
+        last measured job ahead (measured_beside), as of the last evaluation or watch."""
         young = self._guard.young(now, MEASURE_GRACE_S, set(order))
-        shared = measured_beside(order, bands, loads, young, self.declared)
+        shared = measured_beside(order, bands, loads, ordered, young, self.declared)
         self._beside = frozenset(job for job, band in shared.items() if band != bands[job])
         return shared
 

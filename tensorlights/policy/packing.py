@@ -33,12 +33,15 @@ holds back on any of its hosts goes first (free_first). A waiting job that decla
 iterations and pushes the green job's bytes (a trial of the same model: a sweep's trials
 launched longest first) joins the green job's group before its own demand can be believed,
 so its length can put it first: without that, the short trial waited in a lower band for the
-long one to end, as under TL-One (the benchmark's g and r5). And until such a trial is
-measured, while it is young, it sends in the band of the last measured job ahead of it other
-than the green one, where it declared clearly fewer iterations than the green job has left
-(measured_beside): below two jobs that fill the link (g), it completed its first iteration
-only ~8 s in and its length came too late; beside the second job, its pushes interleave with
-that job's. Its place in the order stays, and the green job's band is its own. A job's
+long one to end, as under TL-One (the benchmark's g and r5). And until such a trial's
+length orders it, while it is young, it sends in the band of the last measured job ahead of
+it other than the green one, where it declared clearly fewer iterations than the green job
+has left (measured_beside): below two jobs that fill the link (g), it completed its first
+iteration only ~8 s in and its length came too late; beside the second job, its pushes
+interleave with that job's. Under the controller it stays there until its agent reports a
+demand the controller orders by: back below on its first load, it waited 2.5 s for the plan
+that put it first (g, traced). Its place in the order stays, and the green job's band is its
+own. A job's
 demand orders it once it rests on MEASURED_AFTER iterations measured on top (green): below
 another job, real frameworks' idle before their pushes reads 2-5x their compute
 (TensorFlow's even where its pushes look unhindered), their demands read low, and `pack` put
@@ -1050,14 +1053,16 @@ def measured_beside(
     order: Sequence[str],
     bands: Mapping[str, int],
     loads: Mapping[str, JobLoad],
+    ordered: Collection[str],
     young: Collection[str],
     declared: Mapping[str, int],
 ) -> dict[str, int]:
-    """`bands`, with each young job not measured yet that declared clearly fewer iterations
-    than the green one (`order[0]`, measured and declaring) has left (REMAINING_BUCKET) in
-    the band of the last measured job ahead of it, the green one aside: its first
-    iterations interleave with that job's pushes instead of waiting below them, and once
-    measured its length can put it first (module doc). Its place in the order stays."""
+    """`bands`, with each young job not ordered yet (not in `ordered`, the jobs whose demand
+    orders them) that declared clearly fewer iterations than the green one (`order[0]`,
+    measured and declaring) has left (REMAINING_BUCKET) in the band of the last measured job
+    ahead of it, the green one aside: its first iterations interleave with that job's pushes
+    instead of waiting below them, until its length can put it first (module doc). Its place
+    in the order stays."""
     shared = dict(bands)
     top = order[0] if order else None
     top_load = loads.get(top) if top is not None else None
@@ -1066,13 +1071,14 @@ def measured_beside(
     top_left = declared[top] - top_load.iterations
     beside: int | None = None
     for job in order[1:]:
-        if job in loads:
-            beside = bands[job]
-        elif (
+        if (
             beside is not None
+            and job not in ordered
             and job in young
             and job in declared
             and declared[job] * REMAINING_BUCKET < top_left
         ):
             shared[job] = beside
+        elif job in loads:
+            beside = bands[job]
     return shared

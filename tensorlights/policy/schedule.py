@@ -242,7 +242,10 @@ class PlanFollower:
             self.local.on_top.update(self._green, loads or {})
             self.local.watch(now, jobs, loads or {}, started, declared, self._green, spanning)
             result = self.plan.evaluate(now, jobs, self.local.ps_bands, self._green)
-            bands = self.local.beside_measured(now, result.order, result.bands, loads or {})
+            ordered = self.trusted_demands(loads or {})
+            bands = self.local.beside_measured(
+                now, result.order, result.bands, loads or {}, ordered
+            )
             result = replace(result, bands=bands)
             lease_end = self.plan.lease_until
             if result.next_change_at is None or lease_end < result.next_change_at:
