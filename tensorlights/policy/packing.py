@@ -31,36 +31,38 @@ job of the group declared its iterations, the least remaining standalone time fi
 REMAINING_BUCKET), the order in force otherwise, and under the controller a job no job ahead
 holds back on any of its hosts goes first (free_first). A waiting job that declared its
 iterations and pushes the green job's bytes (a trial of the same model: a sweep's trials
-launched longest first) joins the green job's group before its own demand can be believed,
-so its length can put it first: without that, the short trial waited in a lower band for the
-long one to end, as under TL-One (the benchmark's g and r5). And until such a trial's
-length orders it, while it is young, it sends in the band of the last measured job ahead of
-it other than the green one, where it declared clearly fewer iterations than the green job
-has left (measured_beside): below two jobs that fill the link (g), it completed its first
-iteration only ~8 s in and its length came too late; beside the second job, its pushes
-interleave with that job's. Under the controller it stays there until its agent reports a
-demand the controller orders by: back below on its first load, it waited 2.5 s for the plan
-that put it first (g, traced). Its place in the order stays, and the green job's band is its
-own. A job's
-demand orders it once it rests on MEASURED_AFTER iterations measured on top (green): below
-another job, real frameworks' idle before their pushes reads 2-5x their compute
-(TensorFlow's even where its pushes look unhindered), their demands read low, and `pack` put
-a waiting job ahead of the equal one on top, midway through it. A waiting job is ordered by
-its demand before that only when it pushes clearly fewer bytes than the job on top
-(DEMAND_BUCKET): a smaller job for sure, whatever its compute, and known once SMALLER_AFTER
-of its pushes are measured -- a PS job only: a waiting ring job's bytes per iteration read
-low too (JobLoad.bytes_hold_waiting), and the controller moved the light to such a job 2-16
-s into the job on top in 5 of 6 runs of three equal DDP jobs. A job not measured yet keeps
-its place while it is young (MEASURE_GRACE_S from its first push, or not pushing yet):
-measuring it takes a few iterations, and moving it meanwhile made the light flip twice at a
-run's start (behind a job measured first, then ahead again). A job that has not pushed yet
-held no place before: whichever job a host saw push first went ahead, so hosts deciding
-alone each put a different job of c1's two green (DDP's rendezvous and first broadcast reach
-each rank's host at a different time). Keeping its place, it stays behind the measured jobs
-that were ahead of it: held to its slot instead, a job measured below it that moved up
-pushed them behind it (r3 on an H200 host: the 1 MB job moved to the top past the 3 MB job,
-and the 6 MB one, never on top and so never ordered, took the 3 MB job's place and kept it
-to the end).
+launched longest first) joins the green job's group before its own demand can be believed
+(or the group of another declaring job of its bytes whose demand is: under the controller
+the green job's own is not trusted for its first iterations on top, and the waiting trial's
+demand went unreported for them, g traced), so its length can put it first: without that,
+the short trial waited in a lower band for the long one to end, as under TL-One (the
+benchmark's g and r5). And until such a trial's length orders it, while it is young, it
+sends in the band of the last measured job ahead of it other than the green one, where it
+declared clearly fewer iterations than the green job has left (measured_beside): below two
+jobs that fill the link (g), it completed its first iteration only ~8 s in and its length
+came too late; beside the second job, its pushes interleave with that job's. Under the
+controller it stays there until its agent reports a demand the controller orders by: back
+below on its first load, it waited 2.5 s for the plan that put it first (g, traced). Its
+place in the order stays, and the green job's band is its own. A job's demand orders it once
+it rests on MEASURED_AFTER iterations measured on top (green): below another job, real
+frameworks' idle before their pushes reads 2-5x their compute (TensorFlow's even where its
+pushes look unhindered), their demands read low, and `pack` put a waiting job ahead of the
+equal one on top, midway through it. A waiting job is ordered by its demand before that only
+when it pushes clearly fewer bytes than the job on top (DEMAND_BUCKET): a smaller job for
+sure, whatever its compute, and known once SMALLER_AFTER of its pushes are measured -- a PS
+job only: a waiting ring job's bytes per iteration read low too
+(JobLoad.bytes_hold_waiting), and the controller moved the light to such a job 2-16 s into
+the job on top in 5 of 6 runs of three equal DDP jobs. A job not measured yet keeps its
+place while it is young (MEASURE_GRACE_S from its first push, or not pushing yet): measuring
+it takes a few iterations, and moving it meanwhile made the light flip twice at a run's
+start (behind a job measured first, then ahead again). A job that has not pushed yet held no
+place before: whichever job a host saw push first went ahead, so hosts deciding alone each
+put a different job of c1's two green (DDP's rendezvous and first broadcast reach each
+rank's host at a different time). Keeping its place, it stays behind the measured jobs that
+were ahead of it: held to its slot instead, a job measured below it that moved up pushed
+them behind it (r3 on an H200 host: the 1 MB job moved to the top past the 3 MB job, and the
+6 MB one, never on top and so never ordered, took the 3 MB job's place and kept it to the
+end).
 
 Starvation bound (StarvationGuard): a job whose time lost to waiting over its life so far
 (at least `window_s`, at most the last HORIZON_WINDOWS windows) approaches what
@@ -905,9 +907,9 @@ def ordering_demands(
     of `top` (the green job: measured where it is; unless not `trust_top`) and of jobs
     measured that long on top; and those resting on SMALLER_AFTER, of jobs pushing clearly
     fewer bytes than `top` (where their bytes can be believed while they wait:
-    `JobLoad.bytes_hold_waiting`); and, where `top` is in `declared` (the jobs that declared
-    their iterations), the top job's for those of `declared` pushing its bytes (the module
-    doc)."""
+    `JobLoad.bytes_hold_waiting`); and, for a waiting job of `declared` (the jobs that
+    declared their iterations), the demand of one of those above that declared too and
+    whose bytes it pushes, `top` first (the module doc)."""
     top_load = loads.get(top) if top is not None else None
     demands = {}
     for job, load in loads.items():
@@ -920,18 +922,17 @@ def ordering_demands(
         trusted = (trust_top and job == top) or on_top.get(job, 0) >= MEASURED_AFTER
         if smaller or (trusted and load.iterations >= MEASURED_AFTER):
             demands[job] = load.demand
-    if top_load is not None and top in demands and top in declared:
-        # A waiting job that declared its length and pushes the top job's bytes (the same
-        # model) joins the top job's group, where the least remaining work goes first.
-        for job in declared:
-            waiting = loads.get(job)
-            if (
-                job not in demands
-                and waiting is not None
-                and waiting.bytes_hold_waiting
-                and same_bytes(waiting, top_load)
-            ):
-                demands[job] = demands[top]
+    # A waiting job that declared its length and pushes the bytes of a declaring job whose
+    # demand orders it (the same model; the top job's first) joins that job's group, where
+    # the least remaining work goes first.
+    anchors = sorted((job for job in demands if job in declared), key=lambda job: job != top)
+    for job in declared:
+        waiting = loads.get(job)
+        if job in demands or waiting is None or not waiting.bytes_hold_waiting:
+            continue
+        anchor = next((a for a in anchors if same_bytes(waiting, loads[a])), None)
+        if anchor is not None:
+            demands[job] = demands[anchor]
     return demands
 
 

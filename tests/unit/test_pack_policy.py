@@ -198,6 +198,15 @@ def test_a_waiting_trial_of_the_same_model_is_ordered_by_its_declared_length() -
     policy.evaluate(0.0, {"a", "b"}, {})
     same = {"a": 25, "b": 25}
     assert policy.evaluate(2.0, {"a", "b"}, waiting, declared=same).order == ("a", "b")
+    # Under a plan, where the green job's own demand is not trusted yet (just turned green),
+    # a waiting trial joins the group of another trial whose demand is: its demand stays
+    # reported while the light moves, and the controller can put it first at once.
+    trials = {"a": load(0.2, 0.6, 2), "b": load(0.2, 0.2, MEASURED_AFTER), "c": load(0.2, 0.6, 2)}
+    lengths = {"a": 25, "b": 50, "c": 10}
+    joined = ordering_demands(trials, {"b": MEASURED_AFTER}, "a", trust_top=False, declared=lengths)
+    assert joined == {"b": trials["b"].demand, "a": trials["b"].demand, "c": trials["b"].demand}
+    alone = ordering_demands(trials, {"b": MEASURED_AFTER}, "a", False, {"a": 25, "c": 10})
+    assert alone == {"b": trials["b"].demand}  # b declared nothing: no length to compare with
 
 
 def test_a_short_trial_not_measured_yet_shares_the_band_of_the_last_measured_job_ahead() -> None:
