@@ -263,7 +263,7 @@ class BandPolicy:
         self._set_green(current[0], now)
         bands = dict(zip(current, fold_bands(len(current), self.ps_bands), strict=True))
         return BandPlan(
-            bands=self.beside_measured(now, current, bands, loads, frozenset(demands)),
+            bands=self.measuring_bands(now, current, bands, loads, frozenset(demands)),
             order=tuple(current),
             green=self._green,
             green_since=self._green_since,
@@ -307,7 +307,7 @@ class BandPolicy:
         lengths = self.siblings.update(now, jobs, loads, self.declared)
         self._guard.update(now, loads, jobs, started, lengths, green, alone, spanning)
 
-    def beside_measured(
+    def measuring_bands(
         self,
         now: float,
         order: Sequence[str],

@@ -243,7 +243,7 @@ class PlanFollower:
             self.local.watch(now, jobs, loads or {}, started, declared, self._green, spanning)
             result = self.plan.evaluate(now, jobs, self.local.ps_bands, self._green)
             ordered = self.trusted_demands(loads or {})
-            bands = self.local.beside_measured(
+            bands = self.local.measuring_bands(
                 now, result.order, result.bands, loads or {}, ordered
             )
             result = replace(result, bands=bands)
