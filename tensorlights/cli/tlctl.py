@@ -12,6 +12,7 @@ from pathlib import Path
 from typing import TYPE_CHECKING, Any, TypeVar
 
 import click
+from rich import box
 from rich.console import Console, Group
 from rich.live import Live
 from rich.table import Table
@@ -114,36 +115,60 @@ def _ago(at: float | None, now: float) -> str:
 
 
 def _seconds(value: float | None) -> str:
-    return "-" if value is None else f"{value * 1000:.0f} ms"
+    return "-" if value is None else f"{value * 1000:.0f}ms"
 
 
-def jobs_table(jobs: list[dict[str, Any]]) -> Table:
-    table = Table(title="jobs", title_justify="left")
-    columns = (
-        "JOB", "KIND", "NAME", "SOURCES", "HOSTS", "GREEN", "DEMAND", "LEFT", "SPREAD", "PERIOD",
-        "STATE",
-    )  # fmt: skip
-    for column in columns:
-        table.add_column(column)
+JobCell = Callable[[dict[str, Any]], "str | Text"]
+
+JOB_COLUMNS: tuple[tuple[str, JobCell, bool], ...] = (
+    ("JOB", lambda job: literal(job["job"]), False),
+    ("KIND", lambda job: literal(job.get("kind") or "-"), True),
+    ("NAME", lambda job: literal(job["name"] or "-"), True),
+    ("SOURCES", lambda job: literal(",".join(job["sources"])), True),
+    ("HOSTS", lambda job: literal(",".join(job["ps_hosts"]) or "-"), False),
+    ("GREEN", lambda job: f"{job['green_share']:.0%}" if job["ps_hosts"] else "-", False),
+    ("DEMAND", lambda job: "-" if job["demand"] is None else f"{job['demand']:.2f}", False),
+    (
+        "LEFT",
+        lambda job: "-" if job["remaining_s"] is None else f"{job['remaining_s']:.1f}s",
+        False,
+    ),
+    ("SPREAD", lambda job: _seconds(job["spread_s"]), False),
+    ("PERIOD", lambda job: _seconds(job["period_s"]), False),
+    ("STATE", lambda job: literal(job["state"]), False),
+)
+"""(header, cell, --wide only). Without the wide ones a row fits 80 columns; names that
+identify (job, hosts) fold onto more lines rather than lose their end."""
+IDENTIFYING = {"JOB", "NAME", "HOSTS"}
+
+
+def _table(title: str) -> Table:
+    # Columns two spaces apart, no frame: kubectl's look, and rows that fit a terminal.
+    return Table(
+        title=title,
+        title_justify="left",
+        box=box.SIMPLE_HEAD,
+        show_edge=False,
+        pad_edge=False,
+        padding=(0, 1, 0, 0),
+    )
+
+
+def jobs_table(jobs: list[dict[str, Any]], wide: bool = False) -> Table:
+    table = _table("jobs")
+    columns = [(header, cell) for header, cell, wide_only in JOB_COLUMNS if wide or not wide_only]
+    for header, _ in columns:
+        if header in IDENTIFYING:
+            table.add_column(header, overflow="fold")
+        else:
+            table.add_column(header, no_wrap=True)
     for job in jobs:
-        table.add_row(
-            literal(job["job"]),
-            literal(job.get("kind") or "-"),
-            literal(job["name"] or "-"),
-            literal(",".join(job["sources"])),
-            literal(",".join(job["ps_hosts"]) or "-"),
-            f"{job['green_share']:.0%}" if job["ps_hosts"] else "-",
-            "-" if job["demand"] is None else f"{job['demand']:.2f}",
-            "-" if job["remaining_s"] is None else f"{job['remaining_s']:.1f} s",
-            _seconds(job["spread_s"]),
-            _seconds(job["period_s"]),
-            literal(job["state"]),
-        )
+        table.add_row(*(cell(job) for _, cell in columns))
     return table
 
 
 def hosts_table(hosts: list[dict[str, Any]], now: float) -> Table:
-    table = Table(title="hosts", title_justify="left")
+    table = _table("hosts")
     for column in ("HOST", "AGENT", "MODE", "JOBS", "LAST REPORT", "PLAN", "HEALTH"):
         table.add_column(column)
     for host in hosts:
@@ -161,7 +186,7 @@ def hosts_table(hosts: list[dict[str, Any]], now: float) -> Table:
 
 def rotations_table(rotations: dict[str, Any], history: int) -> Table:
     now = rotations["at"] or time.time()
-    table = Table(title="rotations", title_justify="left")
+    table = _table("rotations")
     for column in ("HOST", "GREEN", "SINCE", "NEXT", "AT", "RECENT (applied)"):
         table.add_column(column)
     for host in rotations["hosts"]:
@@ -179,18 +204,22 @@ def rotations_table(rotations: dict[str, Any], history: int) -> Table:
 
 @main.command()
 @click.option("--json", "as_json", is_flag=True, help="Machine-readable output.")
+@click.option("--wide", is_flag=True, help="Also each job's KIND, NAME and SOURCES.")
 @reports_errors
 @_client
-def jobs(client: OperatorClient, as_json: bool) -> None:
-    """Every job the controller knows: its sources, PS hosts and share of green time, and
-    what orders it: DEMAND, the share of a link's time it takes summed over its hosts (the
-    least goes first), and LEFT, its remaining standalone time where it declared its
-    iterations (TENSORLIGHTS_ITERATIONS; among equal demands the least goes first)."""
+def jobs(client: OperatorClient, as_json: bool, wide: bool) -> None:
+    """Every job the controller knows: its PS hosts and share of green time, and what
+    orders it: DEMAND, the share of a link's time it takes summed over its hosts (the least
+    goes first), and LEFT, its remaining standalone time where it declared its iterations
+    (TENSORLIGHTS_ITERATIONS; among equal demands the least goes first). SPREAD and PERIOD:
+    its workers' straggler spread and iteration period as its hosts measure them. --wide
+    adds KIND (ps, collective), NAME (the resource manager's) and SOURCES (who told the
+    controller of it)."""
     found = client.jobs()
     if as_json:
         echo_json(found)
     else:
-        Console().print(jobs_table(found))
+        Console().print(jobs_table(found, wide))
 
 
 @main.command()

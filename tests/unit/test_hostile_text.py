@@ -46,7 +46,7 @@ def test_job_names_are_printed_literally_in_tlctl_tables() -> None:
         }
         for name in MARKUP
     ]
-    text = _render(jobs_table(jobs))
+    text = _render(jobs_table(jobs, wide=True))
     for name in MARKUP:
         assert name in text
     rotations = {
