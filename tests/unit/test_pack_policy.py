@@ -937,6 +937,31 @@ def test_a_smaller_waiting_job_goes_ahead_after_a_few_pushes_and_a_held_job_stay
     }
 
 
+def test_a_smaller_waiting_job_passes_a_green_job_not_measured_long_enough_to_order() -> None:
+    # r3 on this VM (traced): discovery found the 6 MB job first. Its own demand rested on
+    # 4 iterations when the 1 MB and 3 MB jobs' pushes showed them smaller, and they waited
+    # 2 s more below it for its fifth.
+    policy = _pack()
+    jobs = {"large", "medium", "small"}
+    policy.evaluate(0.0, jobs, {})
+    assert policy.evaluate(0.1, jobs, {}).green == "large"
+    loads = {
+        "large": load(0.335, 0.35, SMALLER_AFTER),
+        "medium": load(0.167, 0.61, SMALLER_AFTER),
+        "small": load(0.069, 0.56, SMALLER_AFTER),
+    }
+    assert MEASURED_AFTER > SMALLER_AFTER
+    assert policy.evaluate(3.4, jobs, loads).order == ("small", "medium", "large")
+    # Not before the job on top has SMALLER_AFTER iterations of its own to place it by ...
+    young_top = {**loads, "large": load(0.335, 0.35, SMALLER_AFTER - 1)}
+    assert ordering_demands(young_top, {}, "large").keys() == {"medium", "small"}
+    # ... nor with nothing smaller than it, nor on a host reporting to the controller,
+    # where the green job's readings before it was green are not its own.
+    equal = {"large": loads["large"], "other": load(0.335, 0.9, SMALLER_AFTER)}
+    assert ordering_demands(equal, {}, "large") == {}
+    assert "large" not in ordering_demands(loads, {}, "large", trust_top=False)
+
+
 def test_a_waiting_ring_job_with_fewer_bytes_is_not_taken_for_a_smaller_job() -> None:
     # A waiting collective job's steps slide into the green job's gaps one by one: its
     # "iterations" read fewer bytes than an all-reduce moves. Only a PS job's bytes are
