@@ -38,6 +38,7 @@ from tensorlights.policy.packing import (
     OnTop,
     SiblingRuns,
     StarvationGuard,
+    link_work_left,
     measured_beside,
     ordering_demands,
     pack_order,
@@ -240,7 +241,12 @@ class BandPolicy:
         young = self._guard.young(now, MEASURE_GRACE_S, present)
         holding = (young | frozenset(loads)) - frozenset(demands)
         desired = pack_order(
-            current, demands, self._guard.promoted, holding=holding, remaining=remaining
+            current,
+            demands,
+            self._guard.promoted,
+            holding=holding,
+            remaining=remaining,
+            held_work=link_work_left(loads, self.declared),
         )
         # ... a reorder waits for the green job's push to end (its iteration boundary), but
         # for a job promoted by its deadline: every second of its slack counts (r2: promoted

@@ -27,6 +27,7 @@ from tensorlights.policy.packing import (
     fits_together,
     free_first,
     job_load,
+    link_work_left,
     measured_beside,
     ordering_demands,
     pack_order,
@@ -960,6 +961,40 @@ def test_a_smaller_waiting_job_passes_a_green_job_not_measured_long_enough_to_or
     equal = {"large": loads["large"], "other": load(0.335, 0.9, SMALLER_AFTER)}
     assert ordering_demands(equal, {}, "large") == {}
     assert "large" not in ordering_demands(loads, {}, "large", trust_top=False)
+
+
+def test_held_jobs_that_declared_their_lengths_wait_the_least_link_work_first() -> None:
+    # r3 found small, large, medium: neither waiting job is smaller than the green one, so
+    # both are held. Their bytes and declared lengths tell the work each has left to push.
+    jobs = {"small", "large", "medium"}
+    loads = {
+        "small": load(0.056, 0.2, 10),
+        "large": load(0.335, 0.9, SMALLER_AFTER),
+        "medium": load(0.167, 0.9, SMALLER_AFTER),
+    }
+
+    def order(declared: dict[str, int] | None) -> tuple[str, ...]:
+        policy = _pack()
+        policy.evaluate(0.0, {"small"}, {})
+        policy.evaluate(0.1, {"small", "large"}, {})
+        return policy.evaluate(2.0, jobs, loads, declared=declared).order
+
+    assert order(None) == ("small", "large", "medium")
+    assert order(dict.fromkeys(jobs, 25)) == ("small", "medium", "large")
+    # Bytes alone do not order them: a job declaring nothing keeps its place.
+    assert order({"small": 25, "medium": 25}) == ("small", "large", "medium")
+    # The work left, not the bytes: the large job near its end stays ahead.
+    work = link_work_left({**loads, "large": load(0.335, 0.9, 22)}, dict.fromkeys(jobs, 25))
+    assert work["large"] < work["medium"]
+    held = frozenset({"large", "medium"})
+
+    def packed(order: list[str], held_work: dict[str, float]) -> list[str]:
+        return pack_order(order, {"small": 0.2}, {}, holding=held, held_work=held_work)
+
+    assert packed(["small", "large", "medium"], work) == ["small", "large", "medium"]
+    # Within REMAINING_BUCKET the order in force stands.
+    near = {"large": 1.0, "medium": 1.0 * REMAINING_BUCKET}
+    assert packed(["small", "medium", "large"], near) == ["small", "medium", "large"]
 
 
 def test_a_waiting_ring_job_with_fewer_bytes_is_not_taken_for_a_smaller_job() -> None:
