@@ -2,15 +2,17 @@
 
 from __future__ import annotations
 
+import itertools
 import json
 import statistics
 import sys
-from dataclasses import asdict
+from dataclasses import asdict, replace
 from pathlib import Path
 
 import click
 
 from tensorlights.bench.results import alone_jct
+from tensorlights.bench.scenarios import MAX_ORDER_JOBS
 from tensorlights.bench.scenarios import select as select_scenarios
 from tensorlights.errors import ConfigError
 from tensorlights.sim.calibrate import (
@@ -113,7 +115,16 @@ def calibrate(sources: tuple[Path, ...], fit: Path, out: Path, no_plots: bool) -
     default=CALIBRATION_SOURCES, show_default=True,
     help="Benchmark results folders whose standalone runs stretch each job profile's traffic.",
 )  # fmt: skip
-def scenarios(keys: str, policies: str, scale: float, sources: tuple[Path, ...]) -> None:
+@click.option(
+    "--every-order", is_flag=True,
+    help="Each scenario once for every order its jobs can be found in (its jobs listed in "
+    f"each order, their arrival times kept; up to {MAX_ORDER_JOBS} jobs): on the testbed "
+    "discovery finds jobs that start together in an order that varies from run to run, "
+    "and a policy starts from it.",
+)  # fmt: skip
+def scenarios(
+    keys: str, policies: str, scale: float, sources: tuple[Path, ...], every_order: bool
+) -> None:
     """The benchmark's scenarios simulated (the fitted TCP ramp of results/sim-calibration),
     a line each: every policy's average JCT and, in brackets, the largest slowdown against
     the job's simulated time alone. Seconds where the testbed takes minutes: what a policy
@@ -122,6 +133,17 @@ def scenarios(keys: str, policies: str, scale: float, sources: tuple[Path, ...])
         chosen = select_scenarios(keys)
     except ConfigError as exc:
         raise click.BadParameter(str(exc)) from None
+    rows = [(scenario.key, scenario) for scenario in chosen]
+    if every_order:
+        if too_many := [s.key for s in chosen if len(s.jobs) > MAX_ORDER_JOBS]:
+            raise click.BadParameter(
+                f"{', '.join(too_many)}: more than {MAX_ORDER_JOBS} jobs", param_hint="--scenarios"
+            )
+        rows = [
+            (f"{s.key} ({', '.join(job.name for job in jobs)})", replace(s, jobs=jobs))
+            for s in chosen
+            for jobs in itertools.permutations(s.jobs)
+        ]
     named = [p.strip() for p in policies.split(",") if p.strip()]
     alone: dict[str, float] = {}
     for folder in sources:
@@ -129,7 +151,7 @@ def scenarios(keys: str, policies: str, scale: float, sources: tuple[Path, ...])
     meta = Measured.load(Path(FIT_SOURCE)).meta
     click.echo(f"| scenario (x{scale:g}) | " + " | ".join(named) + " |")
     click.echo("|---|" + "---:|" * len(named))
-    for scenario in chosen:
+    for name, scenario in rows:
         cells = []
         for policy in named:
             try:
@@ -138,7 +160,7 @@ def scenarios(keys: str, policies: str, scale: float, sources: tuple[Path, ...])
                 raise click.BadParameter(str(exc)) from None
             average = statistics.fmean(jct for jct, _ in runs)
             cells.append(f"{average:.2f} ({max(jct / t for jct, t in runs):.2f})")
-        click.echo(f"| {scenario.key} | " + " | ".join(cells) + " |")
+        click.echo(f"| {name} | " + " | ".join(cells) + " |")
 
 
 @main.command()

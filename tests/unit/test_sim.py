@@ -272,6 +272,24 @@ def test_the_scenarios_command_prints_every_policy_of_every_scenario() -> None:
     assert unknown.exit_code == 2 and "unknown scenario" in unknown.output
 
 
+def test_the_scenarios_command_runs_every_order_the_jobs_can_be_found_in() -> None:
+    from click.testing import CliRunner
+
+    from tensorlights.sim.cli import main
+
+    args = ["scenarios", "--scenarios", "r3", "--policies", "static", "--every-order"]
+    result = CliRunner().invoke(main, args)
+    assert result.exit_code == 0, result.output
+    rows = result.output.splitlines()[2:]
+    assert len(rows) == 6 and rows[0].startswith("| r3 (small, medium, large) | ")
+    # TL-One keeps the order found: the best of them small first, the worst large first.
+    static = {row.split(" | ")[0][2:]: float(row.split(" | ")[1].split()[0]) for row in rows}
+    assert min(static, key=static.__getitem__) == "r3 (small, medium, large)"
+    assert max(static, key=static.__getitem__).startswith("r3 (large, ")
+    too_many = CliRunner().invoke(main, ["scenarios", "--scenarios", "f", "--every-order"])
+    assert too_many.exit_code == 2 and "more than 4 jobs" in too_many.output
+
+
 def test_the_prototype_rotates_per_host_with_its_phase() -> None:
     jobs = [SimJob(n, 4 * MB, 2, 0.25, 200, 0.0, ("ps",)) for n in ("j1", "j2")]
     driver = PrototypeRR({"ps": ["j1", "j2"]}, period_s=20.0, phases={"ps": 5.0})
