@@ -960,13 +960,21 @@ def link_work_left(loads: Mapping[str, JobLoad], declared: Mapping[str, int]) ->
     themselves (pack_order). A waiting job's bytes hold where its period does not (read long
     below another job), and with its length they tell the work it has left; bytes alone
     do not (jobs of one model run minutes to days): sorted by bytes alone, the simulated
-    cluster day's average rose 2% (docs/benchmarks.md)."""
-    return {
-        job: (total - load.iterations) * load.link_s
+    cluster day's average rose 2% (docs/benchmarks.md). Jobs pushing the same bytes
+    (same_bytes) are reckoned at the shortest link time any of them read, so compared by
+    their iterations left, as in remaining_work: the same model's readings vary by a
+    fifth and more while it waits."""
+    known = {
+        job: load
         for job, total in declared.items()
         if (load := loads.get(job)) is not None
         and load.bytes_hold_waiting
         and SMALLER_AFTER <= load.iterations < total
+    }
+    return {
+        job: (declared[job] - load.iterations)
+        * min(other.link_s for other in known.values() if same_bytes(load, other))
+        for job, load in known.items()
     }
 
 
@@ -1031,11 +1039,14 @@ def pack_order(
             keys[job] = (behind, 1 + position[job])
             alike.setdefault(behind, []).append(job)
     work = held_work or {}
-    for held in alike.values():
+    for alike_held in alike.values():
+        # The green job keeps its place: a waiting one passes it only by its demand.
+        held = [job for job in alike_held if job != order[0]]
         if len(held) > 1 and all(job in work for job in held):
             by_work = dict(buckets({job: work[job] for job in held}, REMAINING_BUCKET))
             ranked = sorted(held, key=lambda j: (by_work[j], position[j]))
-            keys.update({job: (keys[job][0], 1 + i) for i, job in enumerate(ranked)})
+            slots = sorted(keys[job] for job in held)
+            keys.update(zip(ranked, slots, strict=True))
     middle = sorted(keys, key=keys.__getitem__)
     last = sorted((job for job in rest if job not in demands and job not in holding), key=within)
     return first + middle + last

@@ -995,6 +995,24 @@ def test_held_jobs_that_declared_their_lengths_wait_the_least_link_work_first() 
     # Within REMAINING_BUCKET the order in force stands.
     near = {"large": 1.0, "medium": 1.0 * REMAINING_BUCKET}
     assert packed(["small", "medium", "large"], near) == ["small", "medium", "large"]
+    # The green job, held too while young, keeps its place whatever work it has left.
+    young = frozenset({"small", "large", "medium"})
+    less = {"small": 5.0, "large": 1.0, "medium": 3.0}
+    kept_green = pack_order(["small", "medium", "large"], {}, {}, holding=young, held_work=less)
+    assert kept_green == ["small", "large", "medium"]
+
+
+def test_equal_jobs_held_are_compared_by_their_iterations_left_not_their_bytes_noise() -> None:
+    # Equal gloo jobs, young, read their link time an iteration a fifth apart: b, the
+    # furthest from its end, would have gone ahead of c on its low reading.
+    lengths = {"a": 25, "b": 25, "c": 25}
+    loads = {"a": load(0.223, 0.2, 5), "b": load(0.19, 0.9, 3), "c": load(0.223, 0.9, 4)}
+    work = link_work_left(loads, lengths)
+    assert work == pytest.approx({"a": 20 * 0.19, "b": 22 * 0.19, "c": 21 * 0.19})
+    assert 22 * 0.19 < 21 * 0.223
+    # Of another model, a job keeps its own reading.
+    other = link_work_left({**loads, "d": load(0.6, 0.9, 3)}, {**lengths, "d": 25})
+    assert other["d"] == pytest.approx(22 * 0.6)
 
 
 def test_a_waiting_ring_job_with_fewer_bytes_is_not_taken_for_a_smaller_job() -> None:
