@@ -2,7 +2,6 @@
 
 from __future__ import annotations
 
-import itertools
 import json
 import statistics
 import sys
@@ -12,7 +11,7 @@ from pathlib import Path
 import click
 
 from tensorlights.bench.results import alone_jct
-from tensorlights.bench.scenarios import MAX_ORDER_JOBS
+from tensorlights.bench.scenarios import MAX_ORDER_JOBS, StaticOrder
 from tensorlights.bench.scenarios import select as select_scenarios
 from tensorlights.errors import ConfigError
 from tensorlights.sim.calibrate import (
@@ -135,15 +134,15 @@ def scenarios(
         raise click.BadParameter(str(exc)) from None
     rows = [(scenario.key, scenario) for scenario in chosen]
     if every_order:
-        if too_many := [s.key for s in chosen if len(s.jobs) > MAX_ORDER_JOBS]:
+        if too_many := [s.key for s in chosen if not StaticOrder.every(len(s.jobs))]:
             raise click.BadParameter(
                 f"{', '.join(too_many)}: more than {MAX_ORDER_JOBS} jobs", param_hint="--scenarios"
             )
-        rows = [
-            (f"{s.key} ({', '.join(job.name for job in jobs)})", replace(s, jobs=jobs))
-            for s in chosen
-            for jobs in itertools.permutations(s.jobs)
-        ]
+        rows = []
+        for s in chosen:
+            for found in StaticOrder.every(len(s.jobs)):
+                jobs = tuple(s.jobs[i] for i in found.order)
+                rows.append((f"{s.key} ({', '.join(j.name for j in jobs)})", replace(s, jobs=jobs)))
     named = [p.strip() for p in policies.split(",") if p.strip()]
     alone: dict[str, float] = {}
     for folder in sources:
