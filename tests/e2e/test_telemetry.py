@@ -55,13 +55,12 @@ def test_measured_spread_and_period_match_the_workers_own_log(
         def status() -> AgentStatus | None:
             nonlocal code, text
             document = agent.status()
-            running = all(r.ps.poll() is None for r in jobs.values())
-            if running and document and len(document.get("telemetry") or {}) == len(jobs):
-                # Scraped while the jobs run; the last scrape showing every job's spread is
-                # kept (a job that ends between the status and the scrape leaves the agent,
-                # and its series with it).
+            if document and len(document.get("telemetry") or {}) == len(jobs):
+                # The last scrape taken while every PS ran is kept: a job that ends leaves
+                # the agent, and its series with it, not all at once (its byte counters go
+                # at the sampler's next round, its histograms at the loop's next pass).
                 scraped_code, scraped = agent.http("/metrics")
-                if all(f'spread_seconds_count{{training_job="{job}"}}' in scraped for job in jobs):
+                if all(r.ps.poll() is None for r in jobs.values()):
                     code, text = scraped_code, scraped
             return AgentStatus.from_json(document) if document and "version" in document else None
 
