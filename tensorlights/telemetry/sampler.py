@@ -190,6 +190,14 @@ class TelemetrySampler:
         self, job: str, items: list[Iteration], count: int, link_rate_bps: float
     ) -> JobLoad | None:
         """The job's load from its recent `items`, oldest first, having done `count`."""
+        if job not in self.tracker.collective:
+            # A PS's push to a worker that has not pushed before is not waited for, and
+            # gloo's go out one after the other: its first iterations may close in parts,
+            # each reaching fewer of its connections (a waiting job's first 4 MB of 8 read
+            # as an iteration of its own, and made an equal job look smaller: r2, 2026-12-05).
+            # Read without those reaching fewer connections than a later one (a worker that
+            # leaves is not waited for: the iterations after it reach fewer).
+            items = _without_parts(items)
         measured = [
             Measured(i.pushed_bytes // i.count, i.idle_before_s, i.period)
             for i in items
@@ -462,3 +470,14 @@ def _push_ends(samples: list[tuple[str, str, TcpInfo]]) -> dict[str, float]:
         end = left / info.delivery_rate if info.delivery_rate > 0 else math.inf
         ends[job] = min(ends.get(job, math.inf), end)
     return {job: end for job, end in ends.items() if math.isfinite(end)}
+
+
+def _without_parts(items: list[Iteration]) -> list[Iteration]:
+    """`items` (oldest first) without those that reached fewer connections than one after."""
+    kept: list[Iteration] = []
+    most_after = 0
+    for item in reversed(items):
+        if item.connections >= most_after:
+            kept.append(item)
+        most_after = max(most_after, item.connections)
+    return kept[::-1]
