@@ -101,8 +101,10 @@ MEASURED_AFTER = 5
 real framework's job measured 0.44 where the job's steady demand was 0.78 (its first gaps
 include start-up), and moved it ahead of an equal job and back."""
 SMALLER_AFTER = 3
-"""Iterations a waiting PS job's bytes rest on before they show it smaller than the job on
-top (the median of its pushes: one odd push aside). Its compute does not matter there, and
+"""Pushes a waiting PS job's bytes rest on before they show it smaller than the job on
+top, whose own reading rests on as many (the median of its pushes: one odd push aside; on
+two, a green gloo job's first iteration, read merged with the second, made its bytes 25%
+high against an equal job's: r2, 2026-12-07). Its compute does not matter there, and
 below two jobs a waiting job's iterations take seconds each: held to MEASURED_AFTER, r3's
 1 MB job waited below the 3 MB one 4 s after its first two pushes had shown it a third of
 the size (H200 host, traced), and ended at 11.5 s, 7.3-8.9 s in the other runs. The job on
@@ -251,6 +253,13 @@ class JobLoad:
     where workers do not answer on the push connections). Waiting lengthens it less than
     the idle before the next push, which also holds the rest of the answers, sent while
     the PS's own packets (its ACKs) wait below the green job."""
+    pushes_read: int | None = None
+    """The pushes `link_s` is the median of (job_load: at most its `newest`); None: as many
+    as its iterations, up to any median's first odd push aside (a load made by hand)."""
+
+    @property
+    def pushes_in_reading(self) -> int:
+        return self.iterations if self.pushes_read is None else self.pushes_read
 
     @property
     def standalone_period_s(self) -> float:
@@ -322,7 +331,13 @@ def job_load(
         return None
     link_s = wire_bytes(statistics.median(pushed)) * 8 / link_rate_bps
     return JobLoad(
-        link_s, compute, iterations, busy, settled=bool(clean), answer_s=_second_shortest(answers)
+        link_s,
+        compute,
+        iterations,
+        busy,
+        settled=bool(clean),
+        answer_s=_second_shortest(answers),
+        pushes_read=len(pushed),
     )
 
 
@@ -918,8 +933,9 @@ def ordering_demands(
     any_smaller = False
     for job, load in loads.items():
         smaller = (
-            load.iterations >= SMALLER_AFTER
+            load.pushes_in_reading >= SMALLER_AFTER
             and top_load is not None
+            and top_load.pushes_in_reading >= SMALLER_AFTER
             and load.bytes_hold_waiting
             and load.link_s * DEMAND_BUCKET <= top_load.link_s
         )

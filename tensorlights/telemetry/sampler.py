@@ -194,14 +194,17 @@ class TelemetrySampler:
             # A PS's push to a worker that has not pushed before is not waited for, and
             # gloo's go out one after the other: its first iterations may close in parts,
             # each reaching fewer of its connections (a waiting job's first 4 MB of 8 read
-            # as an iteration of its own, and made an equal job look smaller: r2, 2026-12-05).
+            # as an iteration of its own, and made an equal job look smaller: r2, 2026-12-07).
             # Read without those reaching fewer connections than a later one (a worker that
             # leaves is not waited for: the iterations after it reach fewer).
             items = _without_parts(items)
+        # The first measured has no period: its bytes count, its push gives no compute (as
+        # the simulator reads a job's first push).
         measured = [
-            Measured(i.pushed_bytes // i.count, i.idle_before_s, i.period)
+            Measured(i.pushed_bytes // i.count, None, i.push_seconds)
+            if i.period is None
+            else Measured(i.pushed_bytes // i.count, i.idle_before_s, i.period)
             for i in items
-            if i.period is not None  # the first measured: no compute read
         ]
         answers = self.tracker.answer_gaps(job)
         return job_load(measured, LOAD_ITERATIONS, count, False, link_rate_bps, answers)

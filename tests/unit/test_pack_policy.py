@@ -57,14 +57,14 @@ def test_job_load_from_measured_iterations() -> None:
     assert got.link_s == pytest.approx(link_s)
     assert got.compute_s == pytest.approx(0.25)  # the second shortest idle
     assert got.demand == pytest.approx(got.link_s / (got.link_s + 0.25))
-    assert got.iterations == 7 and got.busy
+    assert got.iterations == 7 and got.busy and got.pushes_read == 3
     assert job_load([], 5, 0, False, RATE) is None
     assert job_load([Measured(8_000_000, None, 1.0)], 5, 1, False, RATE) is None
     one = job_load(_measured(8_000_000, [0.3], link_s), 5, 1, False, RATE)
-    assert one == load(link_s, 0.3, 1)
+    assert one == replace(load(link_s, 0.3, 1), pushes_read=1)
     # The bytes are the median of the newest few only.
     grew = _measured(1_000_000, [0.3] * 4, 0.05) + _measured(8_000_000, [0.3] * 3, link_s)
-    assert job_load(grew, 3, 7, False, RATE) == load(link_s, 0.3, 7)
+    assert job_load(grew, 3, 7, False, RATE) == replace(load(link_s, 0.3, 7), pushes_read=3)
 
 
 def test_unhindered_pushes_took_about_their_link_time() -> None:
@@ -953,9 +953,13 @@ def test_a_smaller_waiting_job_passes_a_green_job_not_measured_long_enough_to_or
     }
     assert MEASURED_AFTER > SMALLER_AFTER
     assert policy.evaluate(3.4, jobs, loads).order == ("small", "medium", "large")
-    # Not before the job on top has SMALLER_AFTER iterations of its own to place it by ...
+    # Not before the job on top has a reading on SMALLER_AFTER pushes of its own to compare
+    # with: r2's green gloo job read its first two iterations' bytes as 12 and 8 MB (the
+    # first read merged with the second), 25% over an equal waiting job's 8 MB ...
     young_top = {**loads, "large": load(0.335, 0.35, SMALLER_AFTER - 1)}
-    assert ordering_demands(young_top, {}, "large").keys() == {"medium", "small"}
+    assert ordering_demands(young_top, {}, "large") == {}
+    merged = replace(loads["large"], iterations=SMALLER_AFTER, pushes_read=SMALLER_AFTER - 1)
+    assert ordering_demands({**loads, "large": merged}, {}, "large") == {}
     # ... nor with nothing smaller than it, nor on a host reporting to the controller,
     # where the green job's readings before it was green are not its own.
     equal = {"large": loads["large"], "other": load(0.335, 0.9, SMALLER_AFTER)}

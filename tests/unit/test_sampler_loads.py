@@ -6,6 +6,7 @@ from collections import deque
 
 import pytest
 
+from tensorlights.policy.packing import JobLoad
 from tensorlights.telemetry.sampler import TelemetrySampler
 from tensorlights.telemetry.straggler import Iteration
 
@@ -18,12 +19,16 @@ def _iteration(at: float, connections: int, idle: float | None) -> Iteration:
     return Iteration("job", at, at, connections, 0.25, period, PUSH * connections, idle)
 
 
-def _load_of(iterations: list[Iteration]) -> float:
+def _reading(iterations: list[Iteration]) -> JobLoad:
     sampler = TelemetrySampler()
     sampler._present = {"job": {"a", "b"}}
     sampler._recent["job"] = deque(iterations)
     sampler._iterations["job"] = len(iterations)
-    return sampler.loads(LINK_BPS)["job"].link_s
+    return sampler.loads(LINK_BPS)["job"]
+
+
+def _load_of(iterations: list[Iteration]) -> float:
+    return _reading(iterations).link_s
 
 
 def test_a_first_push_closed_in_parts_does_not_read_as_a_smaller_job() -> None:
@@ -35,6 +40,18 @@ def test_a_first_push_closed_in_parts_does_not_read_as_a_smaller_job() -> None:
     whole = [_iteration(0.7 + 0.45 * k, 2, 0.2) for k in range(3)]
     assert _load_of(parts + whole) == pytest.approx(_load_of(whole))
     assert _load_of(parts + whole[:1]) == pytest.approx(_load_of(whole))
+    # Its reading rests on the whole ones only (packing.SMALLER_AFTER counts them).
+    assert _reading(parts + whole).pushes_read == 3
+    assert _reading(parts + whole).iterations == 5
+
+
+def test_the_first_iteration_measured_whole_counts_its_bytes_but_not_its_compute() -> None:
+    """Reported without a period (none measured before it), as the simulator reads a job's
+    first push: its bytes are a push's like the others'."""
+    first = _iteration(0.0, 2, None)
+    load = _reading([first, _iteration(0.45, 2, 0.2), _iteration(0.9, 2, 0.3)])
+    assert load.pushes_read == 3
+    assert load.compute_s == pytest.approx(0.3)  # the second shortest of 0.2 and 0.3
 
 
 def test_a_worker_that_leaves_is_not_waited_for_by_the_reading() -> None:
