@@ -163,6 +163,7 @@ def _pack(view: PackView, loads: Mapping[str, JobLoad]) -> dict[str, Any]:
                 "compute_s": load.compute_s,
                 "answer_s": load.answer_s,
                 "iterations": load.iterations,
+                "pushes_read": load.pushes_in_reading,
                 "settled": load.settled,
             }
             for job, load in loads.items()

@@ -15,6 +15,7 @@ from typing import Any
 import pytest
 
 from tensorlights.policy.packing import MEASURE_GRACE_S, PROMOTE_AT
+from tensorlights.telemetry.sampler import LOAD_ITERATIONS
 from tensorlights.testbed import netns, traffic
 from tensorlights.testbed.psjob import RunningJob, start_job, tf_job_id, tf_launcher_env
 from tensorlights.testbed.socket_holder import clean_env, start_holder
@@ -159,6 +160,8 @@ def test_a_bulk_copy_gets_no_demand_and_does_not_keep_the_light(
         document = agent.wait_status(lambda d: d["pack"]["not_iterative"], deadline_s=30)
         (copy,) = document["pack"]["not_iterative"]
         assert copy != training and copy not in document["pack"]["loads"]
+        # The training job's bytes are read from its newest pushes (LOAD_ITERATIONS).
+        assert document["pack"]["loads"][training]["pushes_read"] == LOAD_ITERATIONS
         # The copy had the light once, for MEASURE_GRACE_S, between the training job's turns.
         greens = [(r["job"], r["since"]) for r in document["rotations"]["recent"]]
         assert [name for name, _ in greens] == [training, copy, training], greens
