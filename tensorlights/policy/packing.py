@@ -929,15 +929,20 @@ def ordering_demands(
     iterations), the demand of one of those above that declared too and whose bytes it
     pushes, `top` first (the module doc)."""
     top_load = loads.get(top) if top is not None else None
+    # What a waiting job's reading is compared with to show it smaller: `top`'s, once it
+    # rests on SMALLER_AFTER pushes (nothing before).
+    top_link_s = (
+        top_load.link_s
+        if top_load is not None and top_load.pushes_in_reading >= SMALLER_AFTER
+        else -math.inf
+    )
     demands = {}
     any_smaller = False
     for job, load in loads.items():
         smaller = (
             load.pushes_in_reading >= SMALLER_AFTER
-            and top_load is not None
-            and top_load.pushes_in_reading >= SMALLER_AFTER
             and load.bytes_hold_waiting
-            and load.link_s * DEMAND_BUCKET <= top_load.link_s
+            and load.link_s * DEMAND_BUCKET <= top_link_s
         )
         any_smaller |= smaller
         trusted = (trust_top and job == top) or on_top.get(job, 0) >= MEASURED_AFTER

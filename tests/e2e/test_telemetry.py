@@ -56,9 +56,9 @@ def test_measured_spread_and_period_match_the_workers_own_log(
             nonlocal code, text
             document = agent.status()
             if document and len(document.get("telemetry") or {}) == len(jobs):
-                # The last scrape taken while every PS ran is kept: a job that ends leaves
-                # the agent, and its series with it, not all at once (its byte counters go
-                # at the sampler's next round, its histograms at the loop's next pass).
+                # The last scrape taken while every PS ran is kept: a job's series leave
+                # the agent not all at once (its byte counters once its PS is gone, its
+                # histograms once its workers are too).
                 scraped_code, scraped = agent.http("/metrics")
                 if all(r.ps.poll() is None for r in jobs.values()):
                     code, text = scraped_code, scraped
