@@ -234,7 +234,7 @@ class BandPolicy:
             if job not in current:
                 self._join(current, job, spanning)
         demands = ordering_demands(loads, self.on_top.counts, current[0], declared=self.declared)
-        remaining = self._remaining = self._guard.remaining_work(loads, self.declared, current[0])
+        remaining = self._remaining = self._guard.remaining_work(loads, self.declared)
         # Kept in place: jobs still being measured or not pushing yet (young), and measured
         # ones whose demand does not order them yet (ordering_demands); a job with no load
         # past the grace (not iterative) goes behind.
@@ -293,7 +293,7 @@ class BandPolicy:
         host would. `green`: the job green here since the previous evaluation; `spanning`: as
         in evaluate."""
         self._judge(now, set(jobs), loads, started, declared, green, spanning, alone=False)
-        self._remaining = self._guard.remaining_work(loads, self.declared, green)
+        self._remaining = self._guard.remaining_work(loads, self.declared)
 
     def _judge(
         self,

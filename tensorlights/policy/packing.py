@@ -412,8 +412,14 @@ class StarvationGuard:
     the shortest readings of each iteration. With the shortest, one reading of 0.331 s at a
     waiting job's 5th iteration (an answer read 0.108 s for 0.15 s of compute), against
     0.38 s at every other, took 2 s from its slack; it was promoted midway, held the light
-    to its end, and the job it passed ended at 2.00x (r2 on a 2-core VM, traced). Until it
-    is measured, or
+    to its end, and the job it passed ended at 2.00x (r2 on a 2-core VM, traced). And P is
+    its model's: the shortest of those of the jobs pushing its bytes (same_bytes), which
+    may be measured green while it waits. Its own, read waiting, stays long until it is
+    green: r2's third job read 0.427 s at its 7th iteration, against the green job's 0.370
+    s of the same model and 0.386 s alone; its slack read 1.16 s and fell to -0.52 s a
+    second later when its reading did, and it was promoted 14.3 s in and ended at 2.12x
+    (traced). A job of the same bytes and a longer compute is promoted early for it, not
+    late. Until it is measured, or
     once it has completed more iterations than it declared (a wrong declaration, or the
     agent counting another job's traffic), the lag rule judges it; and a ring's (a
     collective job's), whose iterations read several per all-reduce while it waits
@@ -516,38 +522,43 @@ class StarvationGuard:
         done = max(load.iterations - start_n, 0)
         return max(present - done * load.standalone_period_s, 0.0)
 
-    def remaining(self, job: str, now: float, load: JobLoad, declared: int) -> tuple[float, float]:
-        """A job that declared `declared` iterations: its remaining standalone time and the
-        time left to its deadline (class doc), in seconds."""
-        period = self.period(job, load)
+    def remaining(
+        self, job: str, now: float, load: JobLoad, declared: int, period: float
+    ) -> tuple[float, float]:
+        """A job that declared `declared` iterations, of standalone `period` (its model's:
+        _deadline_periods): its remaining standalone time and the time left to its deadline
+        (class doc), in seconds."""
         deadline = self._first_seen.get(job, now) + self.effective_bound * declared * period
         return (declared - load.iterations) * period, deadline - now
 
     def remaining_work(
-        self, loads: Mapping[str, JobLoad], declared: Mapping[str, int], top: str | None
+        self, loads: Mapping[str, JobLoad], declared: Mapping[str, int]
     ) -> dict[str, float]:
         """The remaining standalone time of each measured PS job that declared its
-        iterations and has not run past them (REMAINING_BUCKET). The jobs pushing the bytes
-        of `top` (the green job), top among them, at the shortest period any of them read:
-        the same model, whose waiting jobs' periods read long (their compute stretched by
-        the wait, 2-5x on real frameworks), so compared by their iterations left. Each at its
-        own, the job that took the light would read its remaining work long at once, and
-        hand the light back."""
+        iterations and has not run past them (REMAINING_BUCKET), at its model's period
+        (_deadline_periods): the jobs pushing the same bytes, whose waiting jobs' periods
+        read long (their compute stretched by the wait, 2-5x on real frameworks), are so
+        compared by their iterations left. Each at its own, the job that took the light
+        would read its remaining work long at once, and hand the light back."""
+        periods = self._deadline_periods(loads, set(loads))
+        return {
+            job: (total - loads[job].iterations) * periods[job]
+            for job, total in declared.items()
+            if job in periods and loads[job].iterations < total
+        }
+
+    def _deadline_periods(self, loads: Mapping[str, JobLoad], jobs: set[str]) -> dict[str, float]:
+        """Each PS job's period its deadline is reckoned with: the shortest `period` read by a
+        job pushing its bytes (same_bytes: the same model), itself included (class doc)."""
         periods = {
             job: self.period(job, load)
-            for job, total in declared.items()
-            if (load := loads.get(job)) is not None
-            and load.bytes_hold_waiting
-            and load.iterations < total
+            for job in jobs
+            if (load := loads.get(job)) is not None and load.bytes_hold_waiting
         }
-        top_load = loads.get(top) if top is not None else None
-        model = {
-            job for job in periods if top_load is not None and same_bytes(loads[job], top_load)
+        return {
+            job: min(p for other, p in periods.items() if same_bytes(loads[job], loads[other]))
+            for job in periods
         }
-        if model:
-            shortest = min(periods[job] for job in model)
-            periods.update(dict.fromkeys(model, shortest))
-        return {job: (declared[job] - loads[job].iterations) * p for job, p in periods.items()}
 
     def period(self, job: str, load: JobLoad) -> float:
         """The standalone period a job's deadline is reckoned with: the second shortest of the
@@ -637,6 +648,13 @@ class StarvationGuard:
         idle: set[str] = set()
         remaining_s: dict[str, float] = {}  # of the jobs judged by their deadlines
         self.lags, self.spans, self.slack = {}, {}, {}
+        for job in jobs:
+            load = loads.get(job)
+            if load is not None and load.bytes_hold_waiting:
+                readings = self._readings_with(job, load)
+                shortest = heapq.nsmallest(2, readings.items(), key=lambda reading: reading[1])
+                self._period_readings[job] = dict(shortest)
+        periods = self._deadline_periods(loads, jobs)
         for job in sorted(jobs):  # ties among the most behind: by name, not by hash order
             start_up = RING_START_UP_S if job in rings else 0.0
             if started is not None and job in started:
@@ -665,10 +683,6 @@ class StarvationGuard:
             lag = self.lags[job] = self.lag(job, now, load)
             span = self.spans[job] = self.span(job, now)
             total = declared.get(job)
-            if load is not None and load.bytes_hold_waiting:
-                readings = self._readings_with(job, load)
-                shortest = heapq.nsmallest(2, readings.items(), key=lambda reading: reading[1])
-                self._period_readings[job] = dict(shortest)
             if (
                 load is not None
                 and load.bytes_hold_waiting  # a ring's signals do not say it (IDLE_PERIODS)
@@ -683,7 +697,7 @@ class StarvationGuard:
                 and load.iterations < total
                 and load.bytes_hold_waiting
             ):
-                remaining, left = self.remaining(job, now, load, total)
+                remaining, left = self.remaining(job, now, load, total, periods[job])
                 self.slack[job] = left - remaining
                 remaining_s[job] = remaining
                 if job in self.promoted or remaining > DEADLINE_AT * left:

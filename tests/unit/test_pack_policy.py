@@ -1156,6 +1156,27 @@ def test_a_deadline_shrugs_off_one_short_reading_of_the_period() -> None:
     assert guard.slack["b"] == pytest.approx(2 * 40 * 0.45 - 4.5 - 33 * 0.45)
 
 
+def test_a_deadline_is_reckoned_at_its_models_period() -> None:
+    # a (green) reads P = 0.3 + 0.2 s; b pushes its bytes (the same model), waits, and reads
+    # 0.3 + 0.5 s: its deadline (40 iterations, 2x, first push at 0 s) is reckoned at a's
+    # 0.5 s, 40 s, with 35 x 0.5 s of work left at 3 s. At its own 0.8 s it would be 64 s
+    # and its promotion 8 s later (r2's third job, traced: docs/benchmarks.md). c pushes
+    # twice the bytes (another model): its own period.
+    guard = StarvationGuard(max_slowdown=2.0, window_s=30.0)
+    jobs = {"a", "b", "c"}
+    declared = {"b": 40, "c": 40}
+    guard.update(0.0, {"a": load(0.3, 0.2, 0)}, jobs, None, declared)
+    loads = {"a": load(0.3, 0.2, 6), "b": load(0.3, 0.5, 5), "c": load(0.6, 0.5, 5)}
+    guard.update(3.0, loads, jobs, None, declared)
+    assert guard.slack["b"] == pytest.approx(2 * 40 * 0.5 - 3.0 - 35 * 0.5)
+    assert guard.slack["c"] == pytest.approx(2 * 40 * 1.1 - 3.0 - 35 * 1.1)
+    # A ring's period does not count (its iterations read several per all-reduce).
+    guard = StarvationGuard(max_slowdown=2.0, window_s=30.0)
+    ring = {"a": JobLoad(0.3, 0.05, 6, False, bytes_hold_waiting=False), "b": loads["b"]}
+    guard.update(3.0, ring, {"a", "b"}, {"a": 0.0, "b": 0.0}, declared)
+    assert guard.slack["b"] == pytest.approx(2 * 40 * 0.8 - 3.0 - 35 * 0.8)
+
+
 def test_two_jobs_past_their_deadlines_take_turns_least_slack_first() -> None:
     # a and b declare 40 iterations of P = 0.5 s (deadline 40 s from their first push at 0 s,
     # at 2x) and cannot share the link (demand 0.6 each); the one promoted completes 2
