@@ -150,6 +150,7 @@ def _pack(view: PackView, loads: Mapping[str, JobLoad]) -> dict[str, Any]:
         "lag_s": dict(view.lag_s),
         "lag_allowed_s": dict(view.lag_allowed_s),
         "slack_s": dict(view.slack_s),
+        "deadline_period_s": dict(view.deadline_period_s),
         "remaining_s": dict(view.remaining_s),
         "not_iterative": sorted(view.not_iterative),
         "idle": sorted(view.idle),

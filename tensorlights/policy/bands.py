@@ -114,6 +114,10 @@ class PackView:
     slack_s: Mapping[str, float] = field(default_factory=dict)
     """Jobs judged by their declared iterations: how long each can still wait and end
     within the bound (seconds; promoted before it reaches 0)."""
+    deadline_period_s: Mapping[str, float] = field(default_factory=dict)
+    """Jobs judged by their declared iterations: the standalone period (seconds) their
+    deadline and slack are reckoned at, the shortest their model read
+    (packing.StarvationGuard)."""
     remaining_s: Mapping[str, float] = field(default_factory=dict)
     """Jobs that declared their iterations: their remaining standalone time (seconds), by
     which equal jobs are ordered, the least first (packing.StarvationGuard.remaining_work)."""
@@ -358,6 +362,7 @@ class BandPolicy:
                 for job, span in self._guard.spans.items()
             },
             slack_s=dict(self._guard.slack),
+            deadline_period_s=dict(self._guard.deadline_periods),
             remaining_s=self.remaining_s,
             not_iterative=self._guard.not_iterative,
             waits_for_siblings=self._guard.waits_for_siblings,

@@ -477,6 +477,9 @@ class StarvationGuard:
     slack: dict[str, float] = field(default_factory=dict)
     """Jobs judged by their deadline: how long each can still wait (seconds; its deadline
     less now less its remaining standalone time) when last judged."""
+    deadline_periods: dict[str, float] = field(default_factory=dict)
+    """Jobs judged by their deadline: the standalone period (seconds) it and their remaining
+    time were reckoned at, their model's (class doc), when last judged."""
     not_iterative: frozenset[str] = frozenset()
     """Jobs that pushed, were green MEASURE_GRACE_S and still completed no iteration (a bulk
     copy, not a training job) as of the last update: never promoted for their lag."""
@@ -647,7 +650,7 @@ class StarvationGuard:
         waiting: set[str] = set()
         idle: set[str] = set()
         remaining_s: dict[str, float] = {}  # of the jobs judged by their deadlines
-        self.lags, self.spans, self.slack = {}, {}, {}
+        self.lags, self.spans, self.slack, self.deadline_periods = {}, {}, {}, {}
         for job in jobs:
             load = loads.get(job)
             if load is not None and load.bytes_hold_waiting:
@@ -699,6 +702,7 @@ class StarvationGuard:
             ):
                 remaining, left = self.remaining(job, now, load, total, periods[job])
                 self.slack[job] = left - remaining
+                self.deadline_periods[job] = periods[job]
                 remaining_s[job] = remaining
                 if job in self.promoted or remaining > DEADLINE_AT * left:
                     candidates[job] = lag

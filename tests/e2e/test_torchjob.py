@@ -67,6 +67,9 @@ def test_the_agent_finds_shapes_and_measures_a_real_pytorch_ps(
         # deadline, which a job alone is far from.
         document = agent.wait_status(lambda d: job in d["pack"]["slack_s"], deadline_s=30)
         assert document["pack"]["slack_s"][job] > 0, document["pack"]
+        # ... reckoned at a standalone period status shows: at least its bytes' link time.
+        period = document["pack"]["deadline_period_s"][job]
+        assert period >= document["pack"]["loads"][job]["link_s"], document["pack"]
         received, summary = run.results()
     finally:
         run.kill()

@@ -1170,6 +1170,7 @@ def test_a_deadline_is_reckoned_at_its_models_period() -> None:
     guard.update(3.0, loads, jobs, None, declared)
     assert guard.slack["b"] == pytest.approx(2 * 40 * 0.5 - 3.0 - 35 * 0.5)
     assert guard.slack["c"] == pytest.approx(2 * 40 * 1.1 - 3.0 - 35 * 1.1)
+    assert guard.deadline_periods == pytest.approx({"b": 0.5, "c": 1.1})  # status shows them
     # A ring's period does not count (its iterations read several per all-reduce).
     guard = StarvationGuard(max_slowdown=2.0, window_s=30.0)
     ring = {"a": JobLoad(0.3, 0.05, 6, False, bytes_hold_waiting=False), "b": loads["b"]}
