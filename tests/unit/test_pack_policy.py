@@ -242,6 +242,13 @@ def test_a_short_trial_not_measured_yet_shares_the_band_of_the_last_measured_job
     ordered = plan_at(2.0, declared, measured | {"c": load(0.2, 0.6, 1)})
     assert ordered.order[0] == "c" and sorted(ordered.bands.values()) == [0, 1, 2]
     assert policy.pack_view().measured_beside == frozenset()
+    # While the green job is mid-push, the reorder waits for its boundary (MAX_DEFER_S at
+    # most), and c, not placed yet, stays beside b: not below both meanwhile.
+    pushing = measured | {"a": load(0.2, 0.25, MEASURED_AFTER, busy=True)}
+    deferred = plan_at(2.0, declared, pushing | {"c": load(0.2, 0.6, 1)})
+    assert deferred.order == ("a", "b", "c") and deferred.bands == {"a": 0, "b": 1, "c": 1}
+    placed = policy.evaluate(2.5, trials, measured | {"c": load(0.2, 0.6, 1)}, declared=declared)
+    assert placed.order[0] == "c" and sorted(placed.bands.values()) == [0, 1, 2]
 
 
 @given(
