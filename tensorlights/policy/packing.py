@@ -477,9 +477,9 @@ class StarvationGuard:
     slack: dict[str, float] = field(default_factory=dict)
     """Jobs judged by their deadline: how long each can still wait (seconds; its deadline
     less now less its remaining standalone time) when last judged."""
-    deadline_periods: dict[str, float] = field(default_factory=dict)
-    """Jobs judged by their deadline: the standalone period (seconds) it and their remaining
-    time were reckoned at, their model's (class doc), when last judged."""
+    model_periods: dict[str, float] = field(default_factory=dict)
+    """Every PS job's standalone period as of the last update: its model's (class doc,
+    _periods_by_model), what its deadline and its remaining work are reckoned at."""
     not_iterative: frozenset[str] = frozenset()
     """Jobs that pushed, were green MEASURE_GRACE_S and still completed no iteration (a bulk
     copy, not a training job) as of the last update: never promoted for their lag."""
@@ -529,7 +529,7 @@ class StarvationGuard:
         self, job: str, now: float, load: JobLoad, declared: int, period: float
     ) -> tuple[float, float]:
         """A job that declared `declared` iterations, of standalone `period` (its model's:
-        _deadline_periods): its remaining standalone time and the time left to its deadline
+        _periods_by_model): its remaining standalone time and the time left to its deadline
         (class doc), in seconds."""
         deadline = self._first_seen.get(job, now) + self.effective_bound * declared * period
         return (declared - load.iterations) * period, deadline - now
@@ -538,19 +538,25 @@ class StarvationGuard:
         self, loads: Mapping[str, JobLoad], declared: Mapping[str, int]
     ) -> dict[str, float]:
         """The remaining standalone time of each measured PS job that declared its
-        iterations and has not run past them (REMAINING_BUCKET), at its model's period
-        (_deadline_periods): the jobs pushing the same bytes, whose waiting jobs' periods
-        read long (their compute stretched by the wait, 2-5x on real frameworks), are so
-        compared by their iterations left. Each at its own, the job that took the light
-        would read its remaining work long at once, and hand the light back."""
-        periods = self._deadline_periods(loads, set(loads))
+        iterations and has not run past them (REMAINING_BUCKET), at its model's period as of
+        the last update (model_periods): the jobs pushing the same bytes, whose waiting
+        jobs' periods read long (their compute stretched by the wait, 2-5x on real
+        frameworks), are so compared by their iterations left. Each at its own, the job
+        that took the light would read its remaining work long at once, and hand the light
+        back."""
+        periods = self.model_periods
         return {
             job: (total - loads[job].iterations) * periods[job]
             for job, total in declared.items()
-            if job in periods and loads[job].iterations < total
+            if job in periods and job in loads and loads[job].iterations < total
         }
 
-    def _deadline_periods(self, loads: Mapping[str, JobLoad], jobs: set[str]) -> dict[str, float]:
+    @property
+    def deadline_periods(self) -> dict[str, float]:
+        """Jobs judged by their deadline: the period it was reckoned at, when last judged."""
+        return {job: self.model_periods[job] for job in self.slack}
+
+    def _periods_by_model(self, loads: Mapping[str, JobLoad], jobs: set[str]) -> dict[str, float]:
         """Each PS job's period its deadline is reckoned with: the shortest `period` read by a
         job pushing its bytes (same_bytes: the same model), itself included (class doc)."""
         periods = {
@@ -650,14 +656,14 @@ class StarvationGuard:
         waiting: set[str] = set()
         idle: set[str] = set()
         remaining_s: dict[str, float] = {}  # of the jobs judged by their deadlines
-        self.lags, self.spans, self.slack, self.deadline_periods = {}, {}, {}, {}
+        self.lags, self.spans, self.slack = {}, {}, {}
         for job in jobs:
             load = loads.get(job)
             if load is not None and load.bytes_hold_waiting:
                 readings = self._readings_with(job, load)
                 shortest = heapq.nsmallest(2, readings.items(), key=lambda reading: reading[1])
                 self._period_readings[job] = dict(shortest)
-        periods = self._deadline_periods(loads, jobs)
+        periods = self.model_periods = self._periods_by_model(loads, jobs)
         for job in sorted(jobs):  # ties among the most behind: by name, not by hash order
             start_up = RING_START_UP_S if job in rings else 0.0
             if started is not None and job in started:
@@ -702,7 +708,6 @@ class StarvationGuard:
             ):
                 remaining, left = self.remaining(job, now, load, total, periods[job])
                 self.slack[job] = left - remaining
-                self.deadline_periods[job] = periods[job]
                 remaining_s[job] = remaining
                 if job in self.promoted or remaining > DEADLINE_AT * left:
                     candidates[job] = lag
