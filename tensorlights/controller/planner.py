@@ -86,6 +86,17 @@ class Planner:
         """Host -> the jobs of the membership there (as of the last update)."""
         self._green: set[str] = set()
         """pack: the jobs first on every host they run on (as of the last update)."""
+        self._promoted: tuple[str, ...] = ()
+        """pack: the starving jobs put first at the last update, in their turns (_turns)."""
+
+    def _turns(self, starving: Mapping[str, float]) -> dict[str, float]:
+        """The starving jobs in their turns, as an agent's guard keeps them
+        (StarvationGuard.promoted): those promoted before keep their order, the others
+        follow, the most behind first. Re-sorted by lag, two that fit together would trade
+        the light as their lags cross."""
+        kept = [job for job in self._promoted if job in starving]
+        fresh = sorted(starving.keys() - set(kept), key=lambda job: (-starving[job], job))
+        return {job: starving[job] for job in kept + fresh}
 
     def update(
         self,
@@ -131,7 +142,9 @@ class Planner:
             known[cut:cut] = measured
             known += [job for job in fresh if job not in demands]
             known = _fewest_hosts_first(known, membership, demands.keys() | placed)
-            promoted = {job: lag for job, lag in (starving or {}).items() if job in membership}
+            starving = {job: lag for job, lag in (starving or {}).items() if job in membership}
+            promoted = self._turns(starving)
+            self._promoted = tuple(promoted)
             ranking = tuple(
                 pack_order(known, demands, promoted, end_times, holding, membership, remaining)
             )

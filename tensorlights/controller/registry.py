@@ -383,7 +383,8 @@ class Registry:
     def starving(self) -> dict[str, float]:
         """Jobs every host reporting them says starve (their guards would promote them),
         with the smallest lag reported (seconds): the cluster-wide order puts them first,
-        the most behind first. A job's progress is one for all its hosts, and promoting it
+        in their turns (Planner._turns: those put first before keep their order, then the
+        most behind first). A job's progress is one for all its hosts, and promoting it
         moves it up on all of them, so all must see it behind: one host's misreading (a
         waiting ring's steps grouped into iterations) would otherwise move the cluster. Not
         a job every host says waits in time for its siblings there (the same model launched

@@ -467,7 +467,9 @@ class StarvationGuard:
     """Per job, the shortest deadline period read at each of its iterations, only the two
     shortest of them kept: all the second shortest needs (class doc)."""
     promoted: dict[str, float] = field(default_factory=dict)
-    """Promoted job -> its lag (seconds) when last judged, in the order promoted."""
+    """Promoted job -> its lag (seconds) when last judged, in the order of their turns
+    (pack_order keeps it): those passing a held one by their slack, those held (promoted
+    earlier, in that order), then the newly promoted, the most behind first."""
     effective_bound: float = 0.0
     """The bound aimed for at the last update (see feasible_bound)."""
     lags: dict[str, float] = field(default_factory=dict)
@@ -1032,29 +1034,31 @@ def pack_order(
     remaining: Mapping[str, float] | None = None,
     held_work: Mapping[str, float] | None = None,
 ) -> list[str]:
-    """Green first: promoted (most behind first), measured jobs by demand, then unmeasured.
-    `order` is the order in force (arrival order the first time): demands within x1.3 of a
-    group's smallest count as equal, and within a group jobs whose resource manager says when
-    they end (`end_times`, e.g. Slurm time limits) go first, the soonest first (shortest
-    remaining time); then, where every job of the group has its `remaining` standalone
-    time (declared iterations: StarvationGuard.remaining_work), the least first, within
-    REMAINING_BUCKET as equal; the others keep their place in `order`. With `hosts` (the
-    controller's order, one for many hosts: each job's hosts), a job of a group that shares
-    no host with a promoted or measured job ranked ahead of it goes before those of its
-    group that do (free_first). Unmeasured jobs in `holding` (young ones, still being measured) keep
-    their place too: a job is not put behind and then ahead again while its first
-    iterations are measured, and does not displace a measured one -- each comes right
-    behind the last (in demand order) of the measured jobs that were ahead of it in
-    `order`, ahead of those that were behind it. Held jobs that come behind the same one
-    keep their order among them too, unless each has its `held_work` (link_work_left):
-    then the least first, within REMAINING_BUCKET as equal."""
+    """Green first: promoted, in `promoted`'s order (their turns: StarvationGuard.promoted),
+    measured jobs by demand, then unmeasured. `order` is the order in force (arrival order the
+    first time): demands within x1.3 of a group's smallest count as equal, and within a group
+    jobs whose resource manager says when they end (`end_times`, e.g. Slurm time limits) go
+    first, the soonest first (shortest remaining time); then, where every job of the group has
+    its `remaining` standalone time (declared iterations: StarvationGuard.remaining_work), the
+    least first, within REMAINING_BUCKET as equal; the others keep their place in `order`. With
+    `hosts` (the controller's order, one for many hosts: each job's hosts), a job of a group
+    that shares no host with a promoted or measured job ranked ahead of it goes before those of
+    its group that do (free_first). Unmeasured jobs in `holding` (young ones, still being
+    measured) keep their place too: a job is not put behind and then ahead again while its first
+    iterations are measured, and does not displace a measured one -- each comes right behind the
+    last (in demand order) of the measured jobs that were ahead of it in `order`, ahead of those
+    that were behind it. Held jobs that come behind the same one keep their order among them
+    too, unless each has its `held_work` (link_work_left): then the least first, within
+    REMAINING_BUCKET as equal."""
     ends = end_times or {}
     position = {job: i for i, job in enumerate(order)}
 
     def within(job: str, bucket: Mapping[str, float] | None = None) -> tuple[float, float, int]:
         return (ends.get(job, math.inf), (bucket or {}).get(job, 0.0), position[job])
 
-    first = sorted((job for job in order if job in promoted), key=lambda j: -promoted[j])
+    # Not re-sorted by lag: two promoted jobs that fit together traded the top band as
+    # their lags crossed, four times in 3 s in (f) (results/bench-synthetic-table-1207).
+    first = [job for job in promoted if job in position]
     rest = [job for job in order if job not in promoted]
     groups: dict[float, list[str]] = {}  # by the group's smallest demand, smallest first
     for job, least in buckets({j: demands[j] for j in rest if j in demands}, DEMAND_BUCKET):

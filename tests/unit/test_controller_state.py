@@ -575,6 +575,36 @@ def test_the_controller_puts_jobs_its_agents_report_starving_first_the_most_behi
     assert orders() == (("x", "y", "z"), ("v", "w"))
 
 
+def test_starving_jobs_keep_their_turns_when_their_lags_cross() -> None:
+    """Two jobs starving on one host keep the order they were first put in (the most behind
+    first), as an agent's guard keeps its promoted jobs' turns: re-sorted by lag, two that
+    fit together traded the light as their lags crossed. One promoted later goes behind."""
+    registry = Registry()
+    session = registry.register(reg("h"), now=0).session
+    planner = Planner(slot_s=2.0, lease_s=10.0, incarnation=1, policy=ClusterPolicy.PACK)
+
+    def order(seq: int, lags: dict[str, float | None]) -> tuple[str, ...]:
+        reported = tuple(
+            ReportedJob(j, frozenset({1000 + i}), 1, 1, period_s=0.3, demand=0.3, lag_s=lag)
+            for i, (j, lag) in enumerate(sorted(lags.items()))
+        )
+        registry.report(HostReport(session, seq, reported, (), Mode.PLAN, ""), now=seq)
+        planner.update(
+            registry.membership(), set(registry.hosts), registry.demands(),
+            registry.arrival_order(), None, registry.iterative(), (), registry.starving(),
+        )  # fmt: skip
+        return planner.plan_for("h").slots[0]
+
+    assert order(1, {"p": None, "q": None, "r": None, "s": None}) == ("p", "q", "r", "s")
+    assert order(2, {"p": None, "q": None, "r": 2.0, "s": 3.0}) == ("s", "r", "p", "q")
+    assert order(3, {"p": None, "q": None, "r": 4.0, "s": 3.5}) == ("s", "r", "p", "q")
+    assert order(4, {"p": None, "q": 9.0, "r": 4.5, "s": 3.0}) == ("s", "r", "q", "p")
+    # Released, s keeps its place among the equal; promoted again, more behind than q, it
+    # comes after those held all the same.
+    assert order(5, {"p": None, "q": 9.5, "r": 5.0, "s": None}) == ("r", "q", "s", "p")
+    assert order(6, {"p": None, "q": 9.0, "r": 5.0, "s": 9.9}) == ("r", "q", "s", "p")
+
+
 def test_the_controller_keeps_a_job_waiting_for_its_siblings_where_all_its_hosts_say_so() -> None:
     """A job past its lag's limit whose only company on a host is its siblings, which it
     ends in time behind, is reported starving and waiting for them (waits_for_siblings):

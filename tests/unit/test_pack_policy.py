@@ -108,9 +108,11 @@ def test_order_smallest_demand_first_ties_keep_arrival() -> None:
     # Within 30% of each other: equal, arrival order stays (no reshuffling on noise).
     noisy = {"a": 0.468, "b": 0.444, "c": 0.479}
     assert pack_order(["a", "b", "c"], noisy, {}) == ["a", "b", "c"]
-    # Unmeasured jobs after measured ones; promoted ones first, the most behind first.
+    # Unmeasured jobs after measured ones; promoted ones first, in the guard's turns
+    # (StarvationGuard.promoted's order), not re-sorted by lag.
     assert pack_order(["new", "big", "small"], loads, {}) == ["small", "big", "new"]
-    assert pack_order(["a", "b", "c"], noisy, {"c": 3.0, "b": 9.0}) == ["b", "c", "a"]
+    assert pack_order(["a", "b", "c"], noisy, {"c": 3.0, "b": 9.0}) == ["c", "b", "a"]
+    assert pack_order(["a", "b", "c"], noisy, {"b": 9.0, "c": 3.0}) == ["b", "c", "a"]
     # Known end times (Slurm time limits) order equal jobs: the soonest to end first.
     assert pack_order(["a", "b", "c"], noisy, {}, {"c": 100.0, "b": 50.0}) == ["b", "c", "a"]
     # ... but never across demand groups: a big job ending soon stays behind small ones.
@@ -448,6 +450,29 @@ def test_guard_keeps_a_promoted_job_ahead_of_later_candidates_until_released() -
     # 9 s of lag under 0.2 x its life, past 45 s. Re-sorted by lag at every evaluation they
     # would trade places every second.
     assert turns[:3] == [(0, []), (9, ["b"]), (46, ["c"])], turns
+
+
+def test_two_promoted_jobs_that_fit_together_keep_their_turns_as_their_lags_cross() -> None:
+    """Demand 0.3 each: b and c are promoted together, c first (further behind). Green, c
+    gains while b, second, stalls, and b's lag passes c's; pack keeps c first: re-sorted by
+    lag, such a pair traded the top band four times in 3 s in (f) on the testbed."""
+    guard = StarvationGuard(max_slowdown=2.0, window_s=20.0)
+    jobs = {"a", "b", "c"}
+    c_done = 0
+    firsts = []
+    for t in range(0, 30):
+        c_done += 1 if list(guard.promoted)[:1] == ["c"] else t % 3 == 0
+        loads = {
+            "a": load(0.15, 0.35, 2 * t),
+            "b": load(0.15, 0.35, min(t // 2, 8), busy=True),
+            "c": load(0.15, 0.35, c_done, busy=True),
+        }
+        guard.update(float(t), loads, jobs)
+        order = pack_order(["a", "b", "c"], {job: 0.3 for job in jobs}, guard.promoted)
+        if guard.promoted:
+            firsts.append((order, guard.lags["b"] > guard.lags["c"]))
+    assert firsts and all(order == ["c", "b", "a"] for order, _ in firsts), firsts
+    assert sum(b_more_behind for _, b_more_behind in firsts) >= 10
 
 
 def test_guard_promotes_a_job_never_measured() -> None:
