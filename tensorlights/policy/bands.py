@@ -81,6 +81,12 @@ class BandPlan:
     """The controller plan this follows; 0 under the host's own policy."""
 
 
+def moved_up(current: Sequence[str], desired: Sequence[str]) -> frozenset[str]:
+    """The jobs `desired` puts ahead of where they are in `current` (the same jobs)."""
+    place = {job: i for i, job in enumerate(current)}
+    return frozenset(job for i, job in enumerate(desired) if i < place[job])
+
+
 def fold_bands(jobs_in_order: int, bands: int) -> list[int]:
     """Band of each job by position (0 = green) when `jobs_in_order` jobs share `bands`."""
     if bands < 1:
@@ -238,20 +244,8 @@ class BandPolicy:
             if job not in current:
                 self._join(current, job, spanning)
         demands = ordering_demands(loads, self.on_top.counts, current[0], declared=self.declared)
-        remaining = self._remaining = self._guard.remaining_work(loads, self.declared)
-        # Kept in place: jobs still being measured or not pushing yet (young), and measured
-        # ones whose demand does not order them yet (ordering_demands); a job with no load
-        # past the grace (not iterative) goes behind.
-        young = self._guard.young(now, MEASURE_GRACE_S, present)
-        holding = (young | frozenset(loads)) - frozenset(demands)
-        desired = pack_order(
-            current,
-            demands,
-            self._guard.promoted,
-            holding=holding,
-            remaining=remaining,
-            held_work=link_work_left(loads, self.declared),
-        )
+        self._remaining = self._guard.remaining_work(loads, self.declared)
+        desired = self.desired_order(now, current, loads, demands)
         # ... a reorder waits for the green job's push to end (its iteration boundary), but
         # for a job promoted by its deadline: every second of its slack counts (r2: promoted
         # with 0.6-1.2 s of slack, the green job's pushes held it 1 s more, it ended late).
@@ -273,17 +267,40 @@ class BandPolicy:
         # keeps sending beside the measured job ahead (measured_beside) meanwhile. Taken for
         # placed, g's short trial, ordered first by its length, sent below both other
         # trials for the 2 s the reorder waited (traced).
-        waiting_up = {job for job in desired if desired.index(job) < current.index(job)}
+        placed = frozenset(demands) - moved_up(current, desired)
         self._packed = current
         self._set_green(current[0], now)
         bands = dict(zip(current, fold_bands(len(current), self.ps_bands), strict=True))
         return BandPlan(
-            bands=self.measuring_bands(now, current, bands, loads, frozenset(demands) - waiting_up),
+            bands=self.measuring_bands(now, current, bands, loads, placed),
             order=tuple(current),
             green=self._green,
             green_since=self._green_since,
             next_change_at=None,
             rotated=self._green != previous_green,
+        )
+
+    def desired_order(
+        self,
+        now: float,
+        current: list[str],
+        loads: Mapping[str, JobLoad],
+        demands: Mapping[str, float],
+    ) -> list[str]:
+        """The order pack wants of `current` (the order in force, the green job first) by
+        `demands` (those that order jobs: ordering_demands), the guard's promotions and the
+        remaining work, as of the last evaluation or watch. Kept in place: jobs still being
+        measured or not pushing yet (young), and measured ones whose demand does not order
+        them yet; a job with no load past the grace (not iterative) goes behind."""
+        young = self._guard.young(now, MEASURE_GRACE_S, set(current))
+        holding = (young | frozenset(loads)) - frozenset(demands)
+        return pack_order(
+            current,
+            demands,
+            self._guard.promoted,
+            holding=holding,
+            remaining=self._remaining,
+            held_work=link_work_left(loads, self.declared),
         )
 
     def watch(

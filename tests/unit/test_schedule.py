@@ -239,8 +239,20 @@ def test_a_follower_sends_a_short_trial_not_measured_yet_beside_the_measured_job
     # again while the plan that puts it first is on its way.
     loads["c"] = JobLoad(0.2, 0.6, 2, busy=False)
     assert "c" not in follower.trusted_demands(loads)
-    plan = follower.evaluate(2.5, trials, loads, started, declared={"a": 25, "b": 50, "c": 10})
+    told = {"a": 25, "b": 50, "c": 10}
+    plan = follower.evaluate(2.5, trials, loads, started, declared=told)
     assert plan.bands == {"a": 0, "b": 1, "c": 1}
     del loads["c"]
-    plan = follower.evaluate(3.0, trials, loads, started, declared={"a": 25, "b": 50, "c": 25})
+    plan = follower.evaluate(2.6, trials, loads, started, declared={"a": 25, "b": 50, "c": 25})
     assert plan.bands == {"a": 0, "b": 1, "c": 2}
+    loads["c"] = JobLoad(0.2, 0.6, 2, busy=False)
+    # Trusted and reported, it still waits for the controller's plan that moves it up (a
+    # replan later): meanwhile it stays beside, not below both (r5's short trial, 1 s).
+    for step in range(1, MEASURED_AFTER + 2):
+        loads["a"] = JobLoad(0.2, 0.25, 3 + step, busy=False)
+        plan = follower.evaluate(2.6 + step / 10, trials, loads, started, declared=told)
+    assert "c" in follower.trusted_demands(loads)
+    assert plan.order == ("a", "b", "c") and plan.bands == {"a": 0, "b": 1, "c": 1}
+    follower.offer(HostSchedule(1, 2, 0.0, 1000.0, (("c", "a", "b"),), lease_until=1000.0))
+    plan = follower.evaluate(3.5, trials, loads, started, declared=told)
+    assert plan.order == ("c", "a", "b") and plan.bands == {"c": 0, "a": 1, "b": 2}
