@@ -239,10 +239,10 @@ class PlanFollower:
         if self.plan is not None and now < self.plan.lease_until:
             # The local policy is not evaluated meanwhile: the plan's light is counted here,
             # and the starvation guard watches (its promotions go to the controller).
-            self.local.on_top.update(self._green, loads or {})
-            self.local.watch(now, jobs, loads or {}, started, declared, self._green, spanning)
-            result = self.plan.evaluate(now, jobs, self.local.ps_bands, self._green)
             loads = loads or {}
+            self.local.on_top.update(self._green, loads)
+            self.local.watch(now, jobs, loads, started, declared, self._green, spanning)
+            result = self.plan.evaluate(now, jobs, self.local.ps_bands, self._green)
             ordered = self.trusted_demands(loads)
             # A job this host's own pack would move up is not placed yet either: its report
             # reaches the controller, whose plan moves it a replan later. Taken for placed,
