@@ -283,7 +283,7 @@ class BandPolicy:
     def desired_order(
         self,
         now: float,
-        current: list[str],
+        current: Sequence[str],
         loads: Mapping[str, JobLoad],
         demands: Mapping[str, float],
     ) -> list[str]:

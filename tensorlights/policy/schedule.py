@@ -247,7 +247,7 @@ class PlanFollower:
             # A job this host's own pack would move up is not placed yet either: its report
             # reaches the controller, whose plan moves it a replan later. Taken for placed,
             # r5's short trial sent below both trials for 1 s between (traced).
-            desired = self.local.desired_order(now, list(result.order), loads, ordered)
+            desired = self.local.desired_order(now, result.order, loads, ordered)
             placed = frozenset(ordered) - moved_up(result.order, desired)
             bands = self.local.measuring_bands(now, result.order, result.bands, loads, placed)
             result = replace(result, bands=bands)
