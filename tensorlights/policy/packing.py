@@ -152,8 +152,15 @@ places at every update: the one waiting loses slack at most as fast as time pass
 green hardly any, so a swap back comes 2 x 3 s later at the earliest. Within 6 s of the
 held job's end the margin is half its remaining standalone time: held to 3 s there, the last
 swap left the other up to 3 s later than it (m3 declared on the testbed: j1 ended 2.6-3.0 s
-after j3 in three runs of three, 2.23x against j3's 2.12x). Not between jobs
-judged by their lag: turns there (by allowance less lag) shared the light among every
+after j3 in three runs of three, 2.23x against j3's 2.12x). But where the one held is past
+its deadline too, the one passing it within SLACK_SWAP_S must also be due first (its deadline
+earlier): passing it by its slack alone, a job with more work left than the one held made the
+pair's ends later (the one held by the other's remaining time, the other sooner by less),
+and the light moved twice: in (f) on the testbed j4 passed j3 3 iterations from its end,
+which waited 1.5 s below and took the light back (results/bench-synthetic-table-1208,
+traced). Not while the one held can still end in time: ending beside the other, filling its
+gaps, both may (the simulator's r2 declaring, the same rule for it: 1.92x -> 1.97x). Not
+between jobs judged by their lag: turns there (by allowance less lag) shared the light among every
 overdue job, and the simulator's f, r2 and c1 at `--scale 3` took 5-7% more average JCT, c2 18%
 (docs/benchmarks.md)."""
 SIBLINGS_AT = 0.9
@@ -396,9 +403,10 @@ class StarvationGuard:
     once R > DEADLINE_AT x (deadline - now) and stays promoted until it ends: green, R and
     the time left shrink alike, so the same rule would release it at once and promote it
     again as soon as it waited. (Unless another job promoted by its deadline, which cannot
-    share the link with it, has SLACK_SWAP_S less slack, or half R if less: that one goes
-    first. A job past its lag's limit that was never measured -- starved from its start,
-    no iteration of it counted, so no length nor deadline -- goes among those that pass
+    share the link with it, has SLACK_SWAP_S less slack, or half R if less (and, where the
+    held one is late too, its deadline is the earlier): that one goes first. A job past its
+    lag's limit that was never measured -- starved from its start, no iteration of it
+    counted, so no length nor deadline -- goes among those that pass
     it by the slack it would have as long as the longest job judged by its deadline here,
     (F - 1) x that length - its lag: in (f) at `--scale 3` the fifth job, starved from its
     start, waited while a third job passed the one held and held the turn itself, and
@@ -731,9 +739,10 @@ class StarvationGuard:
         # first. Only as many as fit on the link together are promoted: more would just
         # share the link and all stay behind. A job never measured counts as a whole link.
         # A held job promoted by its deadline gives its turn to one whose slack fell
-        # SLACK_SWAP_S below its own (half its remaining time, if less) and cannot share the
-        # link with it. An overdue job never measured goes among those that pass it by the
-        # slack it would have as long as the longest of those (class doc).
+        # SLACK_SWAP_S below its own (half its remaining time, if less, where the other is
+        # due first or the held one in time) and cannot share the link with it. An overdue
+        # job never measured goes among those that pass it by the slack it would have as long
+        # as the longest of those (class doc).
         demands = {job: loads[job].demand if job in loads else 1.0 for job in candidates}
         held = [job for job in self.promoted if job in candidates]
         slack = dict(self.slack)
@@ -751,10 +760,18 @@ class StarvationGuard:
             if job not in self.slack:
                 continue
             margin = min(SLACK_SWAP_S, remaining_s[job] / 2)
+            due_in = self.slack[job] + remaining_s[job]  # the time left to its deadline
             passing = [
                 other
                 for other in overdue
-                if slack[other] < self.slack[job] - margin and demands[job] + demands[other] > 1.0
+                if slack[other] < self.slack[job] - margin
+                and demands[job] + demands[other] > 1.0
+                and (
+                    slack[other] < self.slack[job] - SLACK_SWAP_S
+                    or self.slack[job] >= 0  # still in time: may end beside the other
+                    or other not in remaining_s  # never measured: by its slack alone
+                    or slack[other] + remaining_s[other] < due_in
+                )
             ]
             if any(other in self.slack for other in passing):
                 held.remove(job)

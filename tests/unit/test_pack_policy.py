@@ -1217,10 +1217,11 @@ def test_two_jobs_past_their_deadlines_take_turns_least_slack_first() -> None:
     # first, and holds its turn (slack 2 s) until b's slack, falling a second a second, is
     # SLACK_SWAP_S below it: at 22 s (-2 s). Then b holds it until a's is 3 s below b's
     # (-2 s): at 30 s (-6 s). From 45 s the one held is within 6 s of its end, and the margin
-    # is half what it has left: the turns shorten, and the two end a second apart (57 and 58
-    # s; with the margin held to 3 s, 54 and 58 s). Held to its end, a would have ended at
-    # 38 s and b at 58 s: here, where the one waiting fills no gaps, the turns do not move
-    # the last end (SLACK_SWAP_S says where they do).
+    # is half what it has left, but a job passes it within SLACK_SWAP_S only if it is also due
+    # first, and their deadlines are the same: the turns go on 3 s of slack apart, and a ends
+    # at 54 s, b at 58 s. Held to its end, a would have ended at 38 s and b at 58 s: here,
+    # where the one waiting fills no gaps, the turns do not move the last end (SLACK_SWAP_S
+    # says where they do).
     guard = StarvationGuard(max_slowdown=2.0, window_s=100.0)
     jobs = {"a", "b"}
     done = dict.fromkeys(jobs, 0)
@@ -1239,25 +1240,54 @@ def test_two_jobs_past_their_deadlines_take_turns_least_slack_first() -> None:
         green = next(iter(guard.promoted), None)
         if green is not None and (not turns or turns[-1][1] != green):
             turns.append((t, green))
-    assert turns == [
-        (18, "a"), (22, "b"), (30, "a"), (38, "b"), (45, "a"), (50, "b"), (54, "a"), (57, "b")
-    ]  # fmt: skip
-    assert ended == {"a": 57, "b": 58}
+    assert turns == [(18, "a"), (22, "b"), (30, "a"), (38, "b"), (46, "a"), (54, "b")]
+    assert ended == {"a": 54, "b": 58}
+
+
+def test_a_job_near_its_end_is_passed_within_the_swap_margin_only_by_one_due_first() -> None:
+    # a and b declare 40 iterations of P = 0.5 s and cannot share the link (demand 0.6 each);
+    # a's deadline is 40 s (first push at 0 s), b's 41 s. At 36 s both are due: a (4 s of
+    # work, 4 s left) takes the light, b (5 s of work, 5 s left) waits and gains nothing. At
+    # 38 s a has 2.5 s of work left, and b's slack (-2 s) is 1.5 s below a's, past the margin
+    # (half a's work left): by its slack b would pass a, which is due a second before it, and
+    # both would end later (a by b's 5 s, b by a's 2.5 s): (f) on the testbed, a job 3
+    # iterations from its end sent below for 1.5 s (results/bench-synthetic-table-1208). a
+    # keeps the light to its end; b's slack falls 3 s below a's only as a ends.
+    guard = StarvationGuard(max_slowdown=2.0, window_s=100.0)
+    jobs = {"a", "b"}
+    started = {"a": 0.0, "b": 1.0}
+    declared = {"a": 40, "b": 40}
+    for now, a_done in ((36, 32), (37, 34), (38, 35), (39, 36), (40, 38)):
+        loads = {"a": load(0.3, 0.2, a_done, busy=True), "b": load(0.3, 0.2, 30, busy=True)}
+        guard.update(float(now), loads, jobs, started, declared)
+        assert list(guard.promoted) == ["a"], now
+    assert guard.slack == pytest.approx({"a": -1.0, "b": -4.0})
+    # Where the one waiting is due first, it passes within the margin: a's deadline 41 s, b's
+    # 40 s, b waiting with 2 s of work, due from 38 s; at 40 s its slack is 2 s below a's,
+    # past the margin (half a's 1 s left).
+    guard = StarvationGuard(max_slowdown=2.0, window_s=100.0)
+    started = {"a": 1.0, "b": 0.0}
+    promoted = []
+    for now, a_done in ((36, 30), (37, 32), (38, 34), (39, 36), (40, 38)):
+        loads = {"a": load(0.3, 0.2, a_done, busy=True), "b": load(0.3, 0.2, 36, busy=True)}
+        guard.update(float(now), loads, jobs, started, declared)
+        promoted.append(list(guard.promoted))
+    assert promoted == [["a"], ["a"], ["a"], ["a"], ["b"]]
 
 
 def test_a_job_never_measured_takes_a_turn_passed_on_if_its_slack_would_be_least() -> None:
     # a and b as in the test above; u pushed from 0 s too and was never measured (starved in
     # the lowest band: no iteration to count). Its lag, all its time, passes its limit (40 s
-    # of a 100 s window at 2x) at 41 s. As long as a and b (20 s) it would have 20 - 45 =
-    # -25 s of slack at 45 s, when a's (-13 s) falls 3 s below b's (-10 s), which holds the
-    # turn: u takes it instead of a (f at `--scale 3` traced: the job starved from its start
-    # waited for two such turns and ended at 2.54x). A guessed length alone passes nobody:
-    # from 41 to 44 s b keeps its turn.
+    # of a 100 s window at 2x) at 41 s. As long as a and b (20 s) it would have 20 - 46 =
+    # -26 s of slack at 46 s, when a's (-14 s) falls more than 3 s below b's (-10 s), which
+    # holds the turn: u takes it instead of a (f at `--scale 3` traced: the job starved from
+    # its start waited for two such turns and ended at 2.54x). A guessed length alone passes
+    # nobody: from 41 to 45 s b keeps its turn.
     guard = StarvationGuard(max_slowdown=2.0, window_s=100.0)
     jobs = {"a", "b", "u"}
     done = {"a": 0, "b": 0}
     turns: list[tuple[int, str]] = []
-    for t in range(0, 46):
+    for t in range(0, 47):
         for job in guard.promoted:
             done[job] += 2
         loads = {job: load(0.3, 0.2, iterations, busy=True) for job, iterations in done.items()}
@@ -1265,4 +1295,4 @@ def test_a_job_never_measured_takes_a_turn_passed_on_if_its_slack_would_be_least
         green = next(iter(guard.promoted), None)
         if green is not None and (not turns or turns[-1][1] != green):
             turns.append((t, green))
-    assert turns == [(18, "a"), (22, "b"), (30, "a"), (38, "b"), (45, "u")]
+    assert turns == [(18, "a"), (22, "b"), (30, "a"), (38, "b"), (46, "u")]
